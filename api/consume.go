@@ -1,0 +1,228 @@
+package api
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/valyala/fasthttp"
+	bolt "go.etcd.io/bbolt"
+)
+
+const (
+	maxFetch    = 1000
+	maxReceipts = 1000
+	// recheckEvery bounds how late a long-poll notices a message that became
+	// due without a commit to wake it (a delayed message, a retry).
+	recheckEvery = 100 * time.Millisecond
+)
+
+type fetchBody struct {
+	Max     *int64 `json:"max"`
+	WaitMs  *int64 `json:"wait_ms"`
+	LeaseMs *int64 `json:"lease_ms"`
+}
+
+type fetchedMessage struct {
+	Topic          string            `json:"topic"`
+	Partition      uint32            `json:"partition"`
+	Offset         uint64            `json:"offset"`
+	Receipt        string            `json:"receipt"`
+	ValueB64       string            `json:"value_b64"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	RetryCount     uint32            `json:"retry_count"`
+	MaxRetry       int64             `json:"max_retry"`
+	RejectReason   string            `json:"reject_reason"`
+	PublishedAt    string            `json:"published_at"`
+	Attrs          map[string]string `json:"attrs"`
+}
+
+func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
+	var b fetchBody
+	if err := optBody(ctx.PostBody(), &b); err != nil {
+		return err
+	}
+	max, wait, lease := int64(10), int64(0), int64(0)
+	for _, f := range []struct {
+		name   string
+		v      *int64
+		dst    *int64
+		lo, hi int64
+	}{{"max", b.Max, &max, 1, maxFetch}, {"wait_ms", b.WaitMs, &wait, 0, int64(maxWait / time.Millisecond)},
+		{"lease_ms", b.LeaseMs, &lease, 1, 12 * 3600 * 1000}} {
+		if f.v == nil {
+			continue
+		}
+		if err := checkRange(f.name, *f.v, f.lo, f.hi); err != nil {
+			return err
+		}
+		*f.dst = *f.v
+	}
+	end := time.Now().Add(time.Duration(wait) * time.Millisecond)
+	for {
+		woken := s.waiters.wait(r.topic)
+		msgs, err := s.tryLease(r, int(max), lease)
+		if err != nil || len(msgs) > 0 || !time.Now().Before(end) {
+			if err != nil {
+				return err
+			}
+			writeJSON(ctx, 200, map[string]any{"messages": msgs})
+			return nil
+		}
+		t := time.NewTimer(min(time.Until(end), recheckEvery))
+		select {
+		case <-woken:
+		case <-t.C:
+		case <-s.waiters.closed:
+			end = time.Now()
+		}
+		t.Stop()
+	}
+}
+
+// tryLease leases what is deliverable now, without a Raft round trip when
+// nothing is.
+func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, error) {
+	now := nowMs()
+	ok := false
+	var cfg mlog.Config
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		if cfg, err = mlog.GetConfig(tx, r.topic); err != nil {
+			return err
+		}
+		ok, err = group.Deliverable(tx, r.topic, r.group, now)
+		return err
+	})
+	if err != nil || !ok {
+		return []fetchedMessage{}, err
+	}
+	if leaseMs == 0 {
+		leaseMs = cfg.AckTimeoutMs
+	}
+	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpLease, Now: now, Topic: r.topic, Group: r.group,
+		Max: uint32(max), LeaseMs: leaseMs})
+	if err != nil {
+		return nil, err
+	}
+	return s.readDeliveries(r, cfg, res.Deliveries)
+}
+
+// readDeliveries reads the leased messages. One trimmed in between (drop-head)
+// is left out: its lease goes with it.
+func (s *Server) readDeliveries(r *route, cfg mlog.Config, ds []group.Delivery) ([]fetchedMessage, error) {
+	out := make([]fetchedMessage, 0, len(ds))
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		for _, d := range ds {
+			p, err := mlog.OpenPartition(tx, r.topic, d.Partition)
+			if err != nil {
+				return err
+			}
+			m, err := p.Get(d.Offset)
+			if err != nil {
+				return err
+			}
+			if m == nil {
+				continue
+			}
+			maxRetry := m.MaxRetry
+			if maxRetry < 0 {
+				maxRetry = cfg.MaxRetry
+			}
+			fm := fetchedMessage{
+				Topic: r.topic, Partition: d.Partition, Offset: d.Offset,
+				Receipt:        group.Receipt{Partition: d.Partition, Offset: d.Offset, Delivery: d.Delivery}.Encode(r.topic, r.group),
+				ValueB64:       base64.StdEncoding.EncodeToString(m.Value),
+				IdempotencyKey: m.IdempotencyKey, RetryCount: d.RetryCount, MaxRetry: maxRetry,
+				PublishedAt: time.UnixMilli(m.PublishedAt).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+				Attrs:       make(map[string]string, len(m.Attrs)),
+			}
+			for _, a := range m.Attrs {
+				fm.Attrs[a.Name] = a.Value
+			}
+			out = append(out, fm)
+		}
+		return nil
+	})
+	return out, err
+}
+
+type receiptsBody struct {
+	Receipts []string `json:"receipts"`
+	LeaseMs  *int64   `json:"lease_ms"`
+}
+
+type receiptResult struct {
+	Receipt string `json:"receipt"`
+	Status  string `json:"status"`
+}
+
+func (s *Server) ack(ctx *fasthttp.RequestCtx, r *route) error {
+	return s.receiptOp(ctx, r, raftfsm.OpAck)
+}
+
+func (s *Server) extend(ctx *fasthttp.RequestCtx, r *route) error {
+	return s.receiptOp(ctx, r, raftfsm.OpExtend)
+}
+
+// receiptOp runs ack or extend: malformed receipts are answered "invalid"
+// at once, the rest go to the FSM in one command.
+func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) error {
+	var b receiptsBody
+	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
+		return err
+	}
+	if len(b.Receipts) == 0 || len(b.Receipts) > maxReceipts {
+		return fmt.Errorf("%w: receipts must hold 1..%d receipts", ErrBadRequest, maxReceipts)
+	}
+	cmd := &raftfsm.Command{Op: op, Now: nowMs(), Topic: r.topic, Group: r.group}
+	switch {
+	case op == raftfsm.OpExtend && b.LeaseMs == nil:
+		return fmt.Errorf("%w: lease_ms is required", ErrBadRequest)
+	case op == raftfsm.OpExtend:
+		if err := checkRange("lease_ms", *b.LeaseMs, 1, 12*3600*1000); err != nil {
+			return err
+		}
+		cmd.LeaseMs = *b.LeaseMs
+	case b.LeaseMs != nil:
+		return fmt.Errorf("%w: unknown field \"lease_ms\" for ack", ErrBadRequest)
+	}
+	out := make([]receiptResult, len(b.Receipts))
+	var idx []int
+	for i, rs := range b.Receipts {
+		out[i] = receiptResult{Receipt: rs, Status: group.StatusInvalid}
+		rc, err := group.ParseReceipt(rs, r.topic, r.group)
+		if err != nil {
+			continue
+		}
+		cmd.Receipts = append(cmd.Receipts, rc)
+		idx = append(idx, i)
+	}
+	if len(cmd.Receipts) > 0 {
+		res, err := s.node.Apply(r.ctx, cmd)
+		if errors.Is(err, group.ErrGroupNotFound) {
+			res, err = &raftfsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
+		}
+		if err != nil {
+			return err
+		}
+		for j, i := range idx {
+			out[i].Status = res.Statuses[j]
+		}
+		if op == raftfsm.OpAck {
+			s.metrics.countAcks(res.Statuses)
+		}
+	}
+	writeJSON(ctx, 200, map[string]any{"results": out})
+	return nil
+}
+
+func sortAttrs(a []mlog.Attr) {
+	slices.SortFunc(a, func(x, y mlog.Attr) int { return strings.Compare(x.Name, y.Name) })
+}

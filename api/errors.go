@@ -1,0 +1,87 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/valyala/fasthttp"
+)
+
+// Errors of the HTTP layer itself.
+var (
+	ErrBadRequest   = errors.New("bad request")
+	ErrBadHeader    = errors.New("bad header")
+	ErrNotFound     = errors.New("not found")
+	ErrMethod       = errors.New("method not allowed")
+	ErrBodyTooLarge = errors.New("request too large")
+	ErrUnavailable  = errors.New("unavailable")
+)
+
+type apiError struct {
+	status int
+	code   string
+}
+
+// classify is the one place that maps errors to statuses and stable codes.
+func classify(err error) apiError {
+	table := []struct {
+		err error
+		apiError
+	}{
+		{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
+		{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
+		{ErrNotFound, apiError{404, "not_found"}},
+		{ErrMethod, apiError{405, "method_not_allowed"}},
+		{mlog.ErrInvalidName, apiError{400, "invalid_name"}},
+		{mlog.ErrInvalidConfig, apiError{400, "invalid_config"}},
+		{ErrBadHeader, apiError{400, "bad_header"}},
+		{ErrBadRequest, apiError{400, "bad_request"}},
+		{mlog.ErrPartitionShrink, apiError{409, "partitions_shrink"}},
+		{mlog.ErrTooLarge, apiError{413, "message_too_large"}},
+		{ErrBodyTooLarge, apiError{413, "request_too_large"}},
+		{mlog.ErrTopicFull, apiError{507, "topic_full"}},
+		{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
+		{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},
+		{raftfsm.ErrShutdown, apiError{503, "shutting_down"}},
+		{ErrUnavailable, apiError{503, "unavailable"}},
+	}
+	for _, t := range table {
+		if errors.Is(err, t.err) {
+			return t.apiError
+		}
+	}
+	return apiError{500, "internal"}
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// writeError answers err as JSON with its status.
+func writeError(ctx *fasthttp.RequestCtx, err error) {
+	ae := classify(err)
+	var b errorBody
+	b.Error.Code, b.Error.Message = ae.code, err.Error()
+	if ae.status == 503 {
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
+	writeJSON(ctx, ae.status, b)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = 500, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set("Content-Length", strconv.Itoa(len(b)+1))
+	ctx.SetBody(append(b, '\n'))
+}

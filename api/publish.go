@@ -1,0 +1,291 @@
+package api
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/valyala/fasthttp"
+	bolt "go.etcd.io/bbolt"
+)
+
+const (
+	maxKeyLen   = 256
+	maxAttrs    = 64
+	maxAttrName = 128
+	maxAttrVal  = 4096
+	maxDelayMs  = 90 * 24 * 3600 * 1000 // 90 days
+)
+
+type publishAnswer struct {
+	Topic     string `json:"topic"`
+	Partition uint32 `json:"partition"`
+	Offset    uint64 `json:"offset"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+// pubMsg is one message to publish before placement.
+type pubMsg struct {
+	msg          *mlog.Message
+	partitionKey string
+}
+
+func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
+	m, err := messageFromHeaders(&ctx.Request.Header)
+	if err != nil {
+		return err
+	}
+	m.msg.Value = bytes.Clone(ctx.PostBody()) // fasthttp reuses the body buffer
+	res, err := s.publishMsgs(r, []pubMsg{m})
+	if err != nil {
+		return err
+	}
+	p := res.Published[0]
+	writeJSON(ctx, 201, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset})
+	return nil
+}
+
+// publishMsgs places the messages on partitions and commits them as one
+// command.
+func (s *Server) publishMsgs(r *route, msgs []pubMsg) (*raftfsm.Result, error) {
+	var cfg mlog.Config
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		cfg, err = mlog.GetConfig(tx, r.topic)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs))}
+	for i, m := range msgs {
+		if err := checkSize(cfg, len(m.msg.Value)); err != nil {
+			return nil, err
+		}
+		cmd.Msgs[i] = mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}
+	}
+	start := nowMs()
+	res, err := s.node.Apply(r.ctx, cmd)
+	s.metrics.commit(nowMs()-start, err)
+	if err == nil {
+		s.metrics.published.Add(float64(len(msgs)))
+	}
+	return res, err
+}
+
+func checkSize(cfg mlog.Config, n int) error {
+	if int64(n) > cfg.MaxMessageBytes {
+		return fmt.Errorf("%w: %d bytes > max_message_bytes %d", mlog.ErrTooLarge, n, cfg.MaxMessageBytes)
+	}
+	return nil
+}
+
+// choosePartition: FNV-1a 32 of the partition key, else of the idempotency
+// key, else round robin.
+func (s *Server) choosePartition(n uint32, m pubMsg) uint32 {
+	key := m.partitionKey
+	if key == "" {
+		key = m.msg.IdempotencyKey
+	}
+	if key == "" {
+		return (s.rr.Add(1) - 1) % n
+	}
+	return PartitionFor(key, n)
+}
+
+// PartitionFor is the partition of a key among n: FNV-1a 32-bit mod n.
+func PartitionFor(key string, n uint32) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return h.Sum32() % n
+}
+
+// messageFromHeaders reads a single publish's headers.
+func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
+	m := pubMsg{msg: &mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}}
+	var err error
+	if v := h.Peek("Idempotency-Key"); v != nil {
+		if m.msg.IdempotencyKey, err = checkKey("Idempotency-Key", string(v)); err != nil {
+			return m, err
+		}
+	}
+	if v := h.Peek("Mq-Partition-Key"); v != nil {
+		if m.partitionKey, err = checkKey("Mq-Partition-Key", string(v)); err != nil {
+			return m, err
+		}
+	}
+	nums := []struct {
+		name string
+		dst  *int64
+		max  int64
+	}{
+		{"Mq-Delay-Ms", &m.msg.DeliverAt, maxDelayMs},
+		{"Mq-Max-Retry", &m.msg.MaxRetry, 1000},
+		{"Mq-Backoff-Base-Ms", &m.msg.BackoffBaseMs, 24 * 3600 * 1000},
+		{"Mq-Backoff-Jitter-Ms", &m.msg.BackoffJitterMs, 24 * 3600 * 1000},
+	}
+	for _, n := range nums {
+		v := h.Peek(n.name)
+		if v == nil {
+			continue
+		}
+		x, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || x < 0 || x > n.max {
+			return m, fmt.Errorf("%w: %s must be an integer in [0, %d]", ErrBadHeader, n.name, n.max)
+		}
+		*n.dst = x
+	}
+	if m.msg.DeliverAt > 0 {
+		m.msg.DeliverAt += nowMs()
+	}
+	for _, name := range []string{"Mq-Producer-Id", "Mq-Producer-Seq"} {
+		if h.Peek(name) != nil {
+			return m, fmt.Errorf("%w: %s is not supported yet", ErrBadHeader, name)
+		}
+	}
+	var attrErr error
+	h.VisitAll(func(k, v []byte) {
+		name, ok := cutPrefixFold(string(k), "Mq-Attr-")
+		if !ok || attrErr != nil {
+			return
+		}
+		if len(m.msg.Attrs) >= maxAttrs {
+			attrErr = fmt.Errorf("%w: more than %d Mq-Attr-* headers", ErrBadHeader, maxAttrs)
+			return
+		}
+		if name == "" || len(name) > maxAttrName || len(v) > maxAttrVal || !utf8.Valid(v) {
+			attrErr = fmt.Errorf("%w: attribute %q: name 1..%d bytes, value at most %d bytes of UTF-8", ErrBadHeader, name, maxAttrName, maxAttrVal)
+			return
+		}
+		m.msg.Attrs = append(m.msg.Attrs, mlog.Attr{Name: strings.ToLower(name), Value: string(v)})
+	})
+	return m, attrErr
+}
+
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || !strings.EqualFold(s[:len(prefix)], prefix) {
+		return "", false
+	}
+	return s[len(prefix):], true
+}
+
+func checkKey(name, v string) (string, error) {
+	if len(v) < 1 || len(v) > maxKeyLen {
+		return "", fmt.Errorf("%w: %s must be 1..%d bytes", ErrBadHeader, name, maxKeyLen)
+	}
+	return v, nil
+}
+
+// batchBody is the JSON of POST .../messages:batch.
+type batchBody struct {
+	Messages []batchMsg `json:"messages"`
+}
+
+type batchMsg struct {
+	ValueB64       *string           `json:"value_b64"`
+	Value          *string           `json:"value"`
+	IdempotencyKey *string           `json:"idempotency_key"`
+	PartitionKey   *string           `json:"partition_key"`
+	DelayMs        *int64            `json:"delay_ms"`
+	MaxRetry       *int64            `json:"max_retry"`
+	Attrs          map[string]string `json:"attrs"`
+}
+
+func (b *batchMsg) toMsg(i int) (pubMsg, error) {
+	m := pubMsg{msg: &mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}}
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: messages[%d]: %s", ErrBadRequest, i, fmt.Sprintf(f, a...))
+	}
+	switch {
+	case b.ValueB64 != nil && b.Value != nil:
+		return m, bad("give value_b64 or value, not both")
+	case b.ValueB64 != nil:
+		v, err := base64.StdEncoding.DecodeString(*b.ValueB64)
+		if err != nil {
+			return m, bad("value_b64 is not valid base64")
+		}
+		m.msg.Value = v
+	case b.Value != nil:
+		m.msg.Value = []byte(*b.Value)
+	default:
+		return m, bad("value_b64 or value is required")
+	}
+	var err error
+	if b.IdempotencyKey != nil {
+		if m.msg.IdempotencyKey, err = checkKey("idempotency_key", *b.IdempotencyKey); err != nil {
+			return m, bad("%v", err)
+		}
+	}
+	if b.PartitionKey != nil {
+		if m.partitionKey, err = checkKey("partition_key", *b.PartitionKey); err != nil {
+			return m, bad("%v", err)
+		}
+	}
+	if b.DelayMs != nil {
+		if *b.DelayMs < 0 || *b.DelayMs > maxDelayMs {
+			return m, bad("delay_ms must be in [0, %d]", maxDelayMs)
+		}
+		if *b.DelayMs > 0 {
+			m.msg.DeliverAt = nowMs() + *b.DelayMs
+		}
+	}
+	if b.MaxRetry != nil {
+		if *b.MaxRetry < 0 || *b.MaxRetry > 1000 {
+			return m, bad("max_retry must be in [0, 1000]")
+		}
+		m.msg.MaxRetry = *b.MaxRetry
+	}
+	if len(b.Attrs) > maxAttrs {
+		return m, bad("more than %d attrs", maxAttrs)
+	}
+	for k, v := range b.Attrs {
+		if k == "" || len(k) > maxAttrName || len(v) > maxAttrVal {
+			return m, bad("attr %q: name 1..%d bytes, value at most %d bytes", k, maxAttrName, maxAttrVal)
+		}
+		m.msg.Attrs = append(m.msg.Attrs, mlog.Attr{Name: k, Value: v})
+	}
+	sortAttrs(m.msg.Attrs)
+	return m, nil
+}
+
+func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
+	var b batchBody
+	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
+		return err
+	}
+	if len(b.Messages) == 0 {
+		return fmt.Errorf("%w: messages must hold 1..%d messages", ErrBadRequest, MaxBatchMessages)
+	}
+	if len(b.Messages) > MaxBatchMessages {
+		return fmt.Errorf("%w: %d messages > %d", ErrBodyTooLarge, len(b.Messages), MaxBatchMessages)
+	}
+	msgs := make([]pubMsg, len(b.Messages))
+	total := 0
+	for i := range b.Messages {
+		m, err := b.Messages[i].toMsg(i)
+		if err != nil {
+			return err
+		}
+		total += len(m.msg.Value)
+		msgs[i] = m
+	}
+	if total > MaxBatchBytes {
+		return fmt.Errorf("%w: batch payloads total %d bytes > %d", ErrBodyTooLarge, total, MaxBatchBytes)
+	}
+	res, err := s.publishMsgs(r, msgs)
+	if err != nil {
+		return err
+	}
+	out := make([]publishAnswer, len(res.Published))
+	for i, p := range res.Published {
+		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset}
+	}
+	writeJSON(ctx, 200, map[string]any{"results": out})
+	return nil
+}

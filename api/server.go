@@ -1,0 +1,288 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/valyala/fasthttp"
+)
+
+// Limits of the HTTP layer.
+const (
+	MaxBatchMessages = 1000
+	MaxBatchBytes    = 16 << 20
+	maxBodyBytes     = MaxBatchBytes + 1<<20 // JSON and base64 overhead
+	defaultTimeout   = 10 * time.Second
+	maxTimeout       = 5 * time.Minute
+	maxWait          = 5 * time.Minute
+	forwardHeader    = "Mq-Forward-Hops"
+	maxForwardHops   = 2
+)
+
+// Server serves mqd's HTTP API for one node.
+type Server struct {
+	node    *raftfsm.Node
+	logger  *slog.Logger
+	srv     *fasthttp.Server
+	fwd     *fasthttp.Client
+	waiters *waiters
+	metrics *metrics
+	rr      atomic.Uint32 // round-robin partition choice
+}
+
+// New builds a server for node.
+func New(node *raftfsm.Node, logger *slog.Logger) *Server {
+	s := &Server{node: node, logger: logger, waiters: newWaiters()}
+	s.metrics = newMetrics(s)
+	node.FSM.Notify = s.waiters.wake
+	s.fwd = &fasthttp.Client{
+		MaxConnsPerHost:     4096,
+		ReadTimeout:         maxWait + time.Minute,
+		WriteTimeout:        30 * time.Second,
+		MaxIdleConnDuration: time.Minute,
+		RetryIfErr:          func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+	}
+	s.srv = &fasthttp.Server{
+		Handler:                      s.handle,
+		ErrorHandler:                 s.parseError,
+		Name:                         "mqd",
+		MaxRequestBodySize:           maxBodyBytes,
+		ReadBufferSize:               64 << 10,
+		ReadTimeout:                  maxWait + time.Minute,
+		IdleTimeout:                  2 * time.Minute,
+		DisablePreParseMultipartForm: true,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+	}
+	return s
+}
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting and waits for in-flight requests (or ctx).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.waiters.closeAll()
+	return s.srv.ShutdownWithContext(ctx)
+}
+
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fmt.Errorf("%w: body over %d bytes", ErrBodyTooLarge, maxBodyBytes))
+		return
+	}
+	writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
+}
+
+// route is a parsed request path.
+type route struct {
+	topic, group string
+	action       string // after the group or topic: "messages", "messages:batch", "fetch", ...
+	dlqID        string
+	leaderOnly   bool
+	ctx          context.Context // the request's deadline, for leader routes
+	handler      func(*fasthttp.RequestCtx, *route) error
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	r, err := s.match(ctx)
+	if err == nil {
+		if r.leaderOnly {
+			err = s.onLeader(ctx, r)
+		} else {
+			err = r.handler(ctx, r)
+		}
+	}
+	if err != nil {
+		writeError(ctx, err)
+	}
+	s.metrics.observeRequest(r, ctx.Response.StatusCode(), time.Since(start))
+}
+
+// match parses the path and method into a route.
+func (s *Server) match(ctx *fasthttp.RequestCtx) (*route, error) {
+	path := string(ctx.Path())
+	m := string(ctx.Method())
+	only := func(method string, h func(*fasthttp.RequestCtx, *route) error, leader bool) (*route, error) {
+		if m != method {
+			return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
+		}
+		return &route{handler: h, leaderOnly: leader}, nil
+	}
+	switch path {
+	case "/healthz":
+		return only("GET", s.healthz, false)
+	case "/readyz":
+		return only("GET", s.readyz, false)
+	case "/metrics":
+		return only("GET", s.metricsHandler, false)
+	case "/v1/cluster":
+		return only("GET", s.cluster, false)
+	case "/v1/internal/status":
+		return only("GET", s.status, false)
+	case "/v1/internal/join":
+		return only("POST", s.join, true)
+	case "/v1/topics", "/v1/topics/":
+		return only("GET", s.listTopics, true)
+	}
+	rest, ok := strings.CutPrefix(path, "/v1/topics/")
+	if !ok {
+		return nil, fmt.Errorf("%w: no route %s", ErrNotFound, path)
+	}
+	parts := strings.Split(rest, "/")
+	r := &route{topic: parts[0], leaderOnly: true}
+	if !mlog.ValidName(r.topic) {
+		return nil, fmt.Errorf("%w: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.topic)
+	}
+	var h func(*fasthttp.RequestCtx, *route) error
+	want := ""
+	switch {
+	case len(parts) == 1:
+		switch m {
+		case "PUT":
+			h = s.putTopic
+		case "GET":
+			h = s.getTopic
+		case "DELETE":
+			h = s.deleteTopic
+		default:
+			return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
+		}
+		want = m
+	case len(parts) == 2 && parts[1] == "messages":
+		h, want = s.publish, "POST"
+	case len(parts) == 2 && parts[1] == "messages:batch":
+		h, want = s.publishBatch, "POST"
+	case len(parts) >= 3 && parts[1] == "groups":
+		r.group = parts[2]
+		if !mlog.ValidName(r.group) {
+			return nil, fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.group)
+		}
+		h, want = s.groupRoute(parts[3:], m)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, m, path)
+	}
+	if m != want {
+		return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
+	}
+	r.handler = h
+	return r, nil
+}
+
+func (s *Server) groupRoute(rest []string, m string) (func(*fasthttp.RequestCtx, *route) error, string) {
+	if len(rest) == 0 {
+		switch m {
+		case "DELETE":
+			return s.deleteGroup, m
+		default:
+			return s.putGroup, "PUT"
+		}
+	}
+	if len(rest) != 1 {
+		return nil, ""
+	}
+	switch rest[0] {
+	case "fetch":
+		return s.fetch, "POST"
+	case "ack":
+		return s.ack, "POST"
+	case "extend":
+		return s.extend, "POST"
+	}
+	return nil, ""
+}
+
+// deadline is the request's context: Mq-Timeout-Ms or 10 s.
+func deadline(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc, error) {
+	d := defaultTimeout
+	if v := ctx.Request.Header.Peek("Mq-Timeout-Ms"); len(v) > 0 {
+		ms, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || ms < 1 || ms > int64(maxTimeout/time.Millisecond) {
+			return nil, nil, fmt.Errorf("%w: Mq-Timeout-Ms must be an integer in [1, %d]", ErrBadHeader, maxTimeout/time.Millisecond)
+		}
+		d = time.Duration(ms) * time.Millisecond
+	}
+	c, cancel := context.WithTimeout(context.Background(), d)
+	return c, cancel, nil
+}
+
+// onLeader runs a route's handler on the leader: here if this node leads,
+// else by forwarding the request. A handler that finds leadership gone
+// before its command was proposed (ErrNotLeader: nothing changed) is
+// retried through the new leader.
+func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
+	rctx, cancel, err := deadline(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	r.ctx = rctx
+	for {
+		if s.node.IsLeader() {
+			err := r.handler(ctx, r)
+			if !errors.Is(err, raftfsm.ErrNotLeader) {
+				return err
+			}
+			ctx.Response.Reset()
+		}
+		if !s.node.WaitLeader(rctx) {
+			return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
+		}
+		if s.node.IsLeader() {
+			continue
+		}
+		return s.forward(rctx, ctx)
+	}
+}
+
+// forward proxies the request to the leader and copies its answer back.
+func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
+	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
+	if hops >= maxForwardHops {
+		return fmt.Errorf("%w: leadership is changing, retry", raftfsm.ErrNotLeader)
+	}
+	_, addr, ok := s.node.Leader()
+	if !ok {
+		return fmt.Errorf("%w: leader address unknown", raftfsm.ErrNotLeader)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	ctx.Request.CopyTo(req)
+	req.SetHost(addr)
+	req.URI().SetScheme("http")
+	req.Header.Set(forwardHeader, strconv.Itoa(hops+1))
+	dl, _ := rctx.Deadline()
+	if extra := fetchWait(ctx); extra > 0 {
+		dl = time.Now().Add(extra + defaultTimeout)
+	}
+	resp := &ctx.Response
+	if err := s.fwd.DoDeadline(req, resp, dl); err != nil {
+		resp.Reset()
+		return fmt.Errorf("%w: forward to leader %s: %v", ErrUnavailable, addr, err)
+	}
+	return nil
+}
+
+// fetchWait is how long a forwarded fetch may legitimately wait.
+func fetchWait(ctx *fasthttp.RequestCtx) time.Duration {
+	if !bytes.HasSuffix(ctx.Path(), []byte("/fetch")) {
+		return 0
+	}
+	var f struct {
+		WaitMs int64 `json:"wait_ms"`
+	}
+	_ = decodeLoose(ctx.PostBody(), &f)
+	return time.Duration(min(max(f.WaitMs, 0), int64(maxWait/time.Millisecond))) * time.Millisecond
+}

@@ -1,0 +1,183 @@
+package api
+
+import (
+	"time"
+
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/valyala/fasthttp"
+	bolt "go.etcd.io/bbolt"
+)
+
+// topicBody is the JSON of PUT /v1/topics/{topic}: every field optional.
+type topicBody struct {
+	Partitions      *int64  `json:"partitions"`
+	MaxRetry        *int64  `json:"max_retry"`
+	BackoffBaseMs   *int64  `json:"backoff_base_ms"`
+	BackoffMaxMs    *int64  `json:"backoff_max_ms"`
+	BackoffJitterMs *int64  `json:"backoff_jitter_ms"`
+	AckTimeoutMs    *int64  `json:"ack_timeout_ms"`
+	DedupWindowMs   *int64  `json:"dedup_window_ms"`
+	RetentionMs     *int64  `json:"retention_ms"`
+	MaxMessages     *int64  `json:"max_messages"`
+	MaxBytes        *int64  `json:"max_bytes"`
+	Overflow        *string `json:"overflow"`
+	MaxMessageBytes *int64  `json:"max_message_bytes"`
+}
+
+func (b *topicBody) patch() (mlog.Patch, error) {
+	p := mlog.Patch{
+		MaxRetry: b.MaxRetry, BackoffBaseMs: b.BackoffBaseMs, BackoffMaxMs: b.BackoffMaxMs,
+		BackoffJitterMs: b.BackoffJitterMs, AckTimeoutMs: b.AckTimeoutMs, DedupWindowMs: b.DedupWindowMs,
+		RetentionMs: b.RetentionMs, MaxMessages: b.MaxMessages, MaxBytes: b.MaxBytes,
+		Overflow: b.Overflow, MaxMessageBytes: b.MaxMessageBytes,
+	}
+	if b.Partitions != nil {
+		if err := checkRange("partitions", *b.Partitions, 1, mlog.MaxPartitions); err != nil {
+			return p, err
+		}
+		n := uint32(*b.Partitions)
+		p.Partitions = &n
+	}
+	// Validate against the defaults here for a clear 400 before proposing;
+	// the FSM validates the merged config again.
+	// Every field is validated on its own, so merging onto the defaults
+	// checks exactly the fields present.
+	return p, p.Apply(mlog.DefaultConfig()).Validate()
+}
+
+func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
+	var b topicBody
+	if err := optBody(ctx.PostBody(), &b); err != nil {
+		return err
+	}
+	p, err := b.patch()
+	if err != nil {
+		return err
+	}
+	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
+	if err != nil {
+		return err
+	}
+	status := 200
+	if res.Created {
+		status = 201
+	}
+	return s.writeTopic(ctx, status, r.topic)
+}
+
+func (s *Server) deleteTopic(ctx *fasthttp.RequestCtx, r *route) error {
+	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteTopic, Now: nowMs(), Topic: r.topic}); err != nil {
+		return err
+	}
+	writeJSON(ctx, 200, map[string]any{"deleted": r.topic})
+	return nil
+}
+
+func (s *Server) getTopic(ctx *fasthttp.RequestCtx, r *route) error {
+	return s.writeTopic(ctx, 200, r.topic)
+}
+
+func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) error {
+	var st *topicStats
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		st, err = readTopicStats(tx, topic, nowMs())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(ctx, status, st)
+	return nil
+}
+
+type partStats struct {
+	Partition   uint32 `json:"partition"`
+	FirstOffset uint64 `json:"first_offset"`
+	NextOffset  uint64 `json:"next_offset"`
+	Messages    uint64 `json:"messages"`
+}
+
+type topicStats struct {
+	Name       string                 `json:"name"`
+	Config     mlog.Config            `json:"config"`
+	Messages   uint64                 `json:"messages"`
+	Bytes      uint64                 `json:"bytes"`
+	Partitions []partStats            `json:"partitions"`
+	Groups     map[string]group.Stats `json:"groups"`
+}
+
+func readTopicStats(tx *bolt.Tx, topic string, now int64) (*topicStats, error) {
+	l, err := mlog.Open(tx, topic)
+	if err != nil {
+		return nil, err
+	}
+	st := &topicStats{Name: topic, Config: l.Cfg, Groups: map[string]group.Stats{}}
+	for i := uint32(0); i < l.Cfg.Partitions; i++ {
+		p, err := l.Partition(i)
+		if err != nil {
+			return nil, err
+		}
+		st.Partitions = append(st.Partitions, partStats{i, p.Meta.First, p.Meta.Next, p.Meta.Count()})
+		st.Messages += p.Meta.Count()
+		st.Bytes += p.Meta.Bytes
+	}
+	for _, n := range group.Names(l) {
+		g, err := group.Open(tx, l, n, false, now)
+		if err != nil {
+			return nil, err
+		}
+		if st.Groups[n], err = g.Stats(now); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func (s *Server) listTopics(ctx *fasthttp.RequestCtx, _ *route) error {
+	out := []*topicStats{}
+	now := nowMs()
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		for _, t := range mlog.Topics(tx) {
+			st, err := readTopicStats(tx, t, now)
+			if err != nil {
+				return err
+			}
+			out = append(out, st)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(ctx, 200, map[string]any{"topics": out})
+	return nil
+}
+
+func (s *Server) putGroup(ctx *fasthttp.RequestCtx, r *route) error {
+	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
+		return err
+	}
+	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutGroup, Now: nowMs(), Topic: r.topic, Group: r.group})
+	if err != nil {
+		return err
+	}
+	status := 200
+	if res.Created {
+		status = 201
+	}
+	writeJSON(ctx, status, map[string]any{"topic": r.topic, "group": r.group, "created": res.Created})
+	return nil
+}
+
+func (s *Server) deleteGroup(ctx *fasthttp.RequestCtx, r *route) error {
+	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteGroup, Now: nowMs(), Topic: r.topic, Group: r.group}); err != nil {
+		return err
+	}
+	writeJSON(ctx, 200, map[string]any{"deleted": r.group})
+	return nil
+}
+
+func nowMs() int64 { return time.Now().UnixMilli() }

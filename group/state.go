@@ -1,0 +1,339 @@
+package group
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	mlog "github.com/mqd/mqd/log"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Sentinel errors.
+var (
+	ErrGroupNotFound = errors.New("group not found")
+)
+
+// Message states.
+const (
+	stateLeased byte = 1
+	stateReady  byte = 2
+)
+
+type record struct {
+	State      byte
+	RetryCount uint32
+	Delivery   uint64 // raft index of the lease that delivered it
+	Until      int64  // leased: lease expiry; ready: due time (unix ms)
+}
+
+func (r record) encode() []byte {
+	var e mlog.Enc
+	e.Byte(r.State)
+	e.U64(uint64(r.RetryCount))
+	e.U64(r.Delivery)
+	e.I64(r.Until)
+	return e.B
+}
+
+func decodeRecord(b []byte) (record, error) {
+	d := mlog.Dec{B: b}
+	r := record{State: d.Byte(), RetryCount: uint32(d.U64()), Delivery: d.U64(), Until: d.I64()}
+	return r, d.Err()
+}
+
+// counters are a group's running totals.
+type counters struct {
+	Acked, DupSkipped, InFlight, Ready uint64
+	Created                            int64
+}
+
+func (c counters) encode() []byte {
+	var e mlog.Enc
+	for _, v := range []uint64{c.Acked, c.DupSkipped, c.InFlight, c.Ready} {
+		e.U64(v)
+	}
+	e.I64(c.Created)
+	return e.B
+}
+
+func decodeCounters(b []byte) (counters, error) {
+	d := mlog.Dec{B: b}
+	c := counters{Acked: d.U64(), DupSkipped: d.U64(), InFlight: d.U64(), Ready: d.U64(), Created: d.I64()}
+	return c, d.Err()
+}
+
+var (
+	keyCounters = []byte("meta")
+	bktCursor   = []byte("c")
+	bktState    = []byte("s")
+	bktReady    = []byte("r")
+	// bktExpiry is a root bucket: every lease in every group by expiry time,
+	// so the leader's sweeper finds expired leases with one seek.
+	bktExpiry = []byte("lease_expiry")
+)
+
+// Init creates the package's root buckets.
+func Init(tx *bolt.Tx) error {
+	_, err := tx.CreateBucketIfNotExists(bktExpiry)
+	return err
+}
+
+func stateKey(p uint32, off uint64) []byte {
+	k := make([]byte, 12)
+	binary.BigEndian.PutUint32(k, p)
+	binary.BigEndian.PutUint64(k[4:], off)
+	return k
+}
+
+func timedKey(t int64, p uint32, off uint64) []byte {
+	k := make([]byte, 20)
+	binary.BigEndian.PutUint64(k, uint64(t))
+	binary.BigEndian.PutUint32(k[8:], p)
+	binary.BigEndian.PutUint64(k[12:], off)
+	return k
+}
+
+func expiryKey(t int64, p uint32, off uint64, topic, group string) []byte {
+	k := timedKey(t, p, off)
+	k = append(k, topic...)
+	k = append(k, 0)
+	return append(k, group...)
+}
+
+// Group is one consumer group of one topic, open in a transaction.
+type Group struct {
+	Name  string
+	log   *mlog.Log
+	b     *bolt.Bucket
+	tx    *bolt.Tx
+	c     counters
+	dirty bool
+}
+
+// Open returns a group, creating it (cursors at each partition's head) when
+// create is set; otherwise a missing group is ErrGroupNotFound.
+func Open(tx *bolt.Tx, l *mlog.Log, name string, create bool, now int64) (*Group, error) {
+	gs := l.Bucket().Bucket(mlog.BucketGroups)
+	b := gs.Bucket([]byte(name))
+	if b == nil {
+		if !create {
+			return nil, fmt.Errorf("%w: %q", ErrGroupNotFound, name)
+		}
+		if !mlog.ValidName(name) {
+			return nil, fmt.Errorf("%w: %q", mlog.ErrInvalidName, name)
+		}
+		var err error
+		if b, err = gs.CreateBucket([]byte(name)); err != nil {
+			return nil, fmt.Errorf("create group: %w", err)
+		}
+		for _, n := range [][]byte{bktCursor, bktState, bktReady} {
+			if _, err := b.CreateBucket(n); err != nil {
+				return nil, err
+			}
+		}
+		g := &Group{Name: name, log: l, b: b, tx: tx, c: counters{Created: now}, dirty: true}
+		return g, g.Save()
+	}
+	c, err := decodeCounters(b.Get(keyCounters))
+	if err != nil {
+		return nil, err
+	}
+	return &Group{Name: name, log: l, b: b, tx: tx, c: c}, nil
+}
+
+// Names lists a topic's groups.
+func Names(l *mlog.Log) []string {
+	var out []string
+	_ = l.Bucket().Bucket(mlog.BucketGroups).ForEachBucket(func(k []byte) error {
+		out = append(out, string(k))
+		return nil
+	})
+	return out
+}
+
+// Delete removes a group and its leases.
+func Delete(tx *bolt.Tx, l *mlog.Log, name string) error {
+	g, err := Open(tx, l, name, false, 0)
+	if err != nil {
+		return err
+	}
+	if err := g.forEachRecord(func(p uint32, off uint64, r record) error {
+		return g.dropIndex(p, off, r)
+	}); err != nil {
+		return err
+	}
+	return l.Bucket().Bucket(mlog.BucketGroups).DeleteBucket([]byte(name))
+}
+
+// DropTopicLeases removes the expiry-index entries of every group of a
+// topic, before the topic is deleted.
+func DropTopicLeases(tx *bolt.Tx, l *mlog.Log) error {
+	for _, n := range Names(l) {
+		g, err := Open(tx, l, n, false, 0)
+		if err != nil {
+			return err
+		}
+		if err := g.forEachRecord(func(p uint32, off uint64, r record) error {
+			if r.State == stateLeased {
+				return tx.Bucket(bktExpiry).Delete(expiryKey(r.Until, p, off, l.Topic, g.Name))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Save writes the counters back if they changed.
+func (g *Group) Save() error {
+	if !g.dirty {
+		return nil
+	}
+	g.dirty = false
+	return g.b.Put(keyCounters, g.c.encode())
+}
+
+func (g *Group) cursor(p uint32) (uint64, error) {
+	v := g.b.Bucket(bktCursor).Get(mlog.PartKey(p))
+	part, err := g.log.Partition(p)
+	if err != nil {
+		return 0, err
+	}
+	if v == nil {
+		return part.Meta.First, nil
+	}
+	next := binary.BigEndian.Uint64(v)
+	if next < part.Meta.First {
+		next = part.Meta.First
+	}
+	return next, nil
+}
+
+func (g *Group) setCursor(p uint32, next uint64) error {
+	return g.b.Bucket(bktCursor).Put(mlog.PartKey(p), mlog.U64Key(next))
+}
+
+func (g *Group) getRecord(p uint32, off uint64) (record, bool, error) {
+	v := g.b.Bucket(bktState).Get(stateKey(p, off))
+	if v == nil {
+		return record{}, false, nil
+	}
+	r, err := decodeRecord(v)
+	return r, true, err
+}
+
+func (g *Group) putRecord(p uint32, off uint64, r record) error {
+	if err := g.b.Bucket(bktState).Put(stateKey(p, off), r.encode()); err != nil {
+		return err
+	}
+	switch r.State {
+	case stateLeased:
+		g.c.InFlight++
+		return g.tx.Bucket(bktExpiry).Put(expiryKey(r.Until, p, off, g.log.Topic, g.Name), nil)
+	case stateReady:
+		g.c.Ready++
+		return g.b.Bucket(bktReady).Put(timedKey(r.Until, p, off), nil)
+	}
+	return nil
+}
+
+// dropIndex removes the index entry that r's state keeps and its count.
+func (g *Group) dropIndex(p uint32, off uint64, r record) error {
+	g.dirty = true
+	switch r.State {
+	case stateLeased:
+		g.c.InFlight--
+		return g.tx.Bucket(bktExpiry).Delete(expiryKey(r.Until, p, off, g.log.Topic, g.Name))
+	case stateReady:
+		g.c.Ready--
+		return g.b.Bucket(bktReady).Delete(timedKey(r.Until, p, off))
+	}
+	return nil
+}
+
+// replace moves a message from record old to record r.
+func (g *Group) replace(p uint32, off uint64, old, r record) error {
+	if err := g.dropIndex(p, off, old); err != nil {
+		return err
+	}
+	return g.putRecord(p, off, r)
+}
+
+func (g *Group) remove(p uint32, off uint64, old record) error {
+	if err := g.dropIndex(p, off, old); err != nil {
+		return err
+	}
+	return g.b.Bucket(bktState).Delete(stateKey(p, off))
+}
+
+func (g *Group) forEachRecord(fn func(p uint32, off uint64, r record) error) error {
+	type item struct {
+		p   uint32
+		off uint64
+		r   record
+	}
+	var items []item
+	err := g.b.Bucket(bktState).ForEach(func(k, v []byte) error {
+		r, err := decodeRecord(v)
+		if err != nil {
+			return err
+		}
+		items = append(items, item{binary.BigEndian.Uint32(k), binary.BigEndian.Uint64(k[4:]), r})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if err := fn(it.p, it.off, it.r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Floor is the lowest offset of partition p that the group has not finished.
+func (g *Group) Floor(p uint32) (uint64, error) {
+	next, err := g.cursor(p)
+	if err != nil {
+		return 0, err
+	}
+	c := g.b.Bucket(bktState).Cursor()
+	prefix := mlog.PartKey(p)
+	if k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) {
+		if off := binary.BigEndian.Uint64(k[4:]); off < next {
+			return off, nil
+		}
+	}
+	return next, nil
+}
+
+// OnTrim drops state for messages trimmed from the head of a partition.
+func (g *Group) OnTrim(t mlog.Trimmed) error {
+	c := g.b.Bucket(bktState).Cursor()
+	prefix := mlog.PartKey(t.Partition)
+	var dead [][2]uint64
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		off := binary.BigEndian.Uint64(k[4:])
+		if off >= t.NewFirst {
+			break
+		}
+		r, err := decodeRecord(v)
+		if err != nil {
+			return err
+		}
+		dead = append(dead, [2]uint64{off, uint64(r.Until)})
+		if err := g.dropIndex(t.Partition, off, r); err != nil {
+			return err
+		}
+	}
+	for _, d := range dead {
+		if err := g.b.Bucket(bktState).Delete(stateKey(t.Partition, d[0])); err != nil {
+			return err
+		}
+	}
+	return nil
+}

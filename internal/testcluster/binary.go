@@ -1,0 +1,84 @@
+package testcluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildPath string
+	buildErr  error
+)
+
+// Binary returns the path of an mqd binary built from this repository's
+// ./cmd/mqd. The build happens once per test process; later calls reuse it.
+// Setting MQD_TEST_BINARY uses that prebuilt binary instead.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	buildOnce.Do(build)
+	if buildErr != nil {
+		tb.Fatalf("testcluster: %v", buildErr)
+	}
+	return buildPath
+}
+
+// Main runs the tests of a package and removes the built binary afterwards.
+// Use it from TestMain: func TestMain(m *testing.M) { testcluster.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func build() {
+	if p := os.Getenv("MQD_TEST_BINARY"); p != "" {
+		buildPath = p
+		return
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		buildErr = err
+		return
+	}
+	dir, err := os.MkdirTemp("", "mqd-testbin-")
+	if err != nil {
+		buildErr = err
+		return
+	}
+	buildDir = dir
+	out := filepath.Join(dir, "mqd")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/mqd")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		buildErr = fmt.Errorf("go build ./cmd/mqd: %v\n%s", err, b)
+		return
+	}
+	buildPath = out
+}
+
+// RepoRoot walks up from the working directory to the directory holding go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}

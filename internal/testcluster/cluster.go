@@ -1,0 +1,324 @@
+package testcluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Option changes how Start runs the nodes.
+type Option func(*config)
+
+type config struct {
+	flags        []string
+	readyTimeout time.Duration
+	client       *Client
+	logTail      int
+}
+
+// WithFlags appends command-line flags to every node's command.
+func WithFlags(flags ...string) Option {
+	return func(c *config) { c.flags = append(c.flags, flags...) }
+}
+
+// WithSnapshot sets --snapshot-threshold, --snapshot-interval and --trailing-logs.
+func WithSnapshot(threshold int, interval time.Duration, trailingLogs int) Option {
+	return WithFlags("--snapshot-threshold", strconv.Itoa(threshold),
+		"--snapshot-interval", interval.String(),
+		"--trailing-logs", strconv.Itoa(trailingLogs))
+}
+
+// WithLogLevel sets --log-level.
+func WithLogLevel(level string) Option { return WithFlags("--log-level", level) }
+
+// WithReadyTimeout bounds how long Start waits for the cluster (default 30 s).
+func WithReadyTimeout(d time.Duration) Option { return func(c *config) { c.readyTimeout = d } }
+
+// WithClient uses c for every request the harness and its nodes send.
+func WithClient(cl *Client) Option { return func(c *config) { c.client = cl } }
+
+// WithLogTail sets how many lines of each node's log a failed test prints (default 60).
+func WithLogTail(lines int) Option { return func(c *config) { c.logTail = lines } }
+
+// Cluster is a set of mqd processes started by Start.
+type Cluster struct {
+	tb     testing.TB
+	nodes  []*Node
+	client *Client
+}
+
+// Start runs n nodes (ids n1..nN) on free loopback ports with data under
+// tb.TempDir(), forming one cluster (n == 1: a self-bootstrapped single node),
+// and waits until every node is ready and agrees on the leader. Every process
+// is killed in tb's cleanup; if tb failed, each node's log tail is printed.
+func Start(tb testing.TB, n int, opts ...Option) *Cluster {
+	tb.Helper()
+	cfg := config{readyTimeout: 30 * time.Second, client: DefaultClient, logTail: 60}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	Binary(tb) // build before taking ports or the clock
+	root := tb.TempDir()
+	c := &Cluster{tb: tb, client: cfg.client}
+	var httpAddrs []string
+	for i := range n {
+		h, err := freeAddr()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		r, err := freeAddr()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		id := "n" + strconv.Itoa(i+1)
+		c.nodes = append(c.nodes, &Node{tb: tb, client: cfg.client, id: id, httpAddr: h, raftAddr: r,
+			dataDir: filepath.Join(root, id), logPath: filepath.Join(root, id+".log")})
+		httpAddrs = append(httpAddrs, h)
+	}
+	for _, nd := range c.nodes {
+		nd.args = []string{"--id", nd.id, "--data-dir", nd.dataDir, "--http-addr", nd.httpAddr, "--raft-addr", nd.raftAddr}
+		if n > 1 {
+			nd.args = append(nd.args, "--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(httpAddrs, ","))
+		}
+		nd.args = append(nd.args, cfg.flags...)
+	}
+	tb.Cleanup(func() {
+		c.KillAll()
+		if tb.Failed() {
+			c.dumpLogs(cfg.logTail)
+		}
+	})
+	for _, nd := range c.nodes {
+		if err := nd.start(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.readyTimeout)
+	defer cancel()
+	if _, err := c.WaitReady(ctx); err != nil {
+		tb.Fatalf("testcluster: %d-node cluster not ready within %v: %v", n, cfg.readyTimeout, err)
+	}
+	return c
+}
+
+// Nodes are all nodes, running or not, in id order.
+func (c *Cluster) Nodes() []*Node { return append([]*Node(nil), c.nodes...) }
+
+// Node returns the i-th node (0-based).
+func (c *Cluster) Node(i int) *Node { return c.nodes[i] }
+
+// NodeByID returns the node with that id, or nil.
+func (c *Cluster) NodeByID(id string) *Node {
+	for _, n := range c.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// Client is the HTTP client the cluster's nodes use.
+func (c *Cluster) Client() *Client { return c.client }
+
+// Live are the nodes that are running and not paused.
+func (c *Cluster) Live() []*Node {
+	var out []*Node
+	for _, n := range c.nodes {
+		if n.Live() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Quorum is a majority of the cluster's nodes.
+func (c *Cluster) Quorum() int { return len(c.nodes)/2 + 1 }
+
+// KillAll sends SIGKILL to every running node and waits for each.
+func (c *Cluster) KillAll() {
+	for _, n := range c.nodes {
+		n.kill()
+	}
+}
+
+// RestartAll starts every stopped node again (running ones are killed first).
+func (c *Cluster) RestartAll() {
+	c.tb.Helper()
+	for _, n := range c.nodes {
+		n.Restart()
+	}
+}
+
+// views asks every live node for /v1/cluster; unreachable nodes are left out.
+func (c *Cluster) views(ctx context.Context) map[*Node]ClusterInfo {
+	out := map[*Node]ClusterInfo{}
+	for _, n := range c.Live() {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ci, err := n.Cluster(rctx)
+		cancel()
+		if err == nil {
+			out[n] = ci
+		}
+	}
+	return out
+}
+
+// leaderOnce returns the leader if a majority of the cluster's nodes name it
+// and it is live and names itself.
+func (c *Cluster) leaderOnce(ctx context.Context) (*Node, string) {
+	views := c.views(ctx)
+	count := map[string]int{}
+	for _, ci := range views {
+		if id := ci.LeaderID(); id != "" {
+			count[id]++
+		}
+	}
+	for id, k := range count {
+		l := c.NodeByID(id)
+		if k < c.Quorum() || l == nil {
+			continue
+		}
+		if self, ok := views[l]; ok && self.LeaderID() == id {
+			return l, ""
+		}
+	}
+	return nil, fmt.Sprintf("leader views: %s", describeViews(views))
+}
+
+func describeViews(views map[*Node]ClusterInfo) string {
+	var parts []string
+	for n, ci := range views {
+		parts = append(parts, fmt.Sprintf("%s->%q(applied %d)", n.id, ci.LeaderID(), ci.AppliedIndex))
+	}
+	if len(parts) == 0 {
+		return "no node answered"
+	}
+	return strings.Join(parts, " ")
+}
+
+// Leader polls the live nodes until a majority of the cluster names the same
+// live leader, and returns it. It gives up when ctx ends (30 s if no deadline).
+func (c *Cluster) Leader(ctx context.Context) (*Node, error) {
+	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		l, why := c.leaderOnce(ctx)
+		if l != nil {
+			return l, nil
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("no agreed leader: %v; %s", err, why)
+		}
+	}
+}
+
+// Followers returns the live nodes other than the leader.
+func (c *Cluster) Followers(ctx context.Context) ([]*Node, error) {
+	l, err := c.Leader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Node
+	for _, n := range c.Live() {
+		if n != l {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// WaitReady waits until every running node answers /readyz 200 and all of
+// them name the same live leader, which it returns. Bounded by ctx (30 s if
+// ctx has no deadline).
+func (c *Cluster) WaitReady(ctx context.Context) (*Node, error) {
+	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var why string
+	for {
+		l, w := c.readyOnce(ctx)
+		if l != nil {
+			return l, nil
+		}
+		why = w
+		for _, n := range c.nodes {
+			if err := n.crashed(); err != nil {
+				return nil, err
+			}
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("%v; %s", err, why)
+		}
+	}
+}
+
+func (c *Cluster) readyOnce(ctx context.Context) (*Node, string) {
+	for _, n := range c.nodes {
+		if err := n.crashed(); err != nil {
+			return nil, err.Error()
+		}
+	}
+	live := c.Live()
+	if len(live) == 0 {
+		return nil, "no live node"
+	}
+	for _, n := range live {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ok := n.Ready(rctx)
+		cancel()
+		if !ok {
+			return nil, fmt.Sprintf("node %s: /readyz not 200", n.id)
+		}
+	}
+	views := c.views(ctx)
+	var leader string
+	for _, n := range live {
+		ci, ok := views[n]
+		if !ok {
+			return nil, fmt.Sprintf("node %s: /v1/cluster unanswered", n.id)
+		}
+		if ci.LeaderID() == "" || (leader != "" && ci.LeaderID() != leader) {
+			return nil, "leader views: " + describeViews(views)
+		}
+		leader = ci.LeaderID()
+	}
+	l := c.NodeByID(leader)
+	if l == nil || !l.Live() {
+		return nil, fmt.Sprintf("named leader %q is not a live node", leader)
+	}
+	return l, ""
+}
+
+func (c *Cluster) dumpLogs(lines int) {
+	for _, n := range c.nodes {
+		tail, err := tailFile(n.logPath, lines)
+		if err != nil {
+			c.tb.Logf("node %s: log: %v", n.id, err)
+			continue
+		}
+		c.tb.Logf("---- node %s (%s) log, last %d lines ----\n%s", n.id, n.httpAddr, lines, tail)
+	}
+}
+
+func tailFile(path string, lines int) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	ring := make([]string, 0, lines)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		if len(ring) == lines {
+			ring = ring[1:]
+		}
+		ring = append(ring, sc.Text())
+	}
+	return strings.Join(ring, "\n"), sc.Err()
+}

@@ -1,0 +1,167 @@
+package log
+
+import (
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// PartitionMeta is the bookkeeping of one partition.
+type PartitionMeta struct {
+	First uint64 // offset of the oldest retained message
+	Next  uint64 // offset the next message will get (exclusive end)
+	Bytes uint64 // payload bytes retained
+}
+
+// Count is the number of retained messages.
+func (m PartitionMeta) Count() uint64 { return m.Next - m.First }
+
+func encodeMeta(m PartitionMeta) []byte {
+	var e Enc
+	e.U64(m.First)
+	e.U64(m.Next)
+	e.U64(m.Bytes)
+	return e.B
+}
+
+func decodeMeta(b []byte) (PartitionMeta, error) {
+	d := Dec{B: b}
+	m := PartitionMeta{First: d.U64(), Next: d.U64(), Bytes: d.U64()}
+	return m, d.Err()
+}
+
+func ensurePartitions(parts *bolt.Bucket, n uint32) error {
+	for i := uint32(0); i < n; i++ {
+		if parts.Bucket(PartKey(i)) != nil {
+			continue
+		}
+		pb, err := parts.CreateBucket(PartKey(i))
+		if err != nil {
+			return fmt.Errorf("create partition %d: %w", i, err)
+		}
+		if _, err := pb.CreateBucket(bktMsgs); err != nil {
+			return err
+		}
+		if err := pb.Put(keyMeta, encodeMeta(PartitionMeta{})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Partition is a handle on one partition inside a transaction.
+type Partition struct {
+	b    *bolt.Bucket
+	msgs *bolt.Bucket
+	Meta PartitionMeta
+	ID   uint32
+}
+
+// OpenPartition returns partition p of a topic.
+func OpenPartition(tx *bolt.Tx, topic string, p uint32) (*Partition, error) {
+	tb, err := TopicBucket(tx, topic)
+	if err != nil {
+		return nil, err
+	}
+	return openPartition(tb, p)
+}
+
+func openPartition(tb *bolt.Bucket, p uint32) (*Partition, error) {
+	pb := tb.Bucket(bktParts).Bucket(PartKey(p))
+	if pb == nil {
+		return nil, fmt.Errorf("%w: no partition %d", ErrCorrupt, p)
+	}
+	m, err := decodeMeta(pb.Get(keyMeta))
+	if err != nil {
+		return nil, err
+	}
+	return &Partition{b: pb, msgs: pb.Bucket(bktMsgs), Meta: m, ID: p}, nil
+}
+
+// Partitions returns the metadata of every partition of a topic.
+func Partitions(tx *bolt.Tx, topic string) ([]PartitionMeta, error) {
+	cfg, err := GetConfig(tx, topic)
+	if err != nil {
+		return nil, err
+	}
+	tb, _ := TopicBucket(tx, topic)
+	out := make([]PartitionMeta, cfg.Partitions)
+	for i := range out {
+		p, err := openPartition(tb, uint32(i))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p.Meta
+	}
+	return out, nil
+}
+
+func (p *Partition) saveMeta() error { return p.b.Put(keyMeta, encodeMeta(p.Meta)) }
+
+// Append stores m at the partition's next offset and returns that offset.
+func (p *Partition) Append(m *Message) (uint64, error) {
+	off := p.Meta.Next
+	if err := p.msgs.Put(U64Key(off), m.encode()); err != nil {
+		return 0, fmt.Errorf("append: %w", err)
+	}
+	p.Meta.Next++
+	p.Meta.Bytes += uint64(len(m.Value))
+	return off, p.saveMeta()
+}
+
+// Get returns the message at off, or nil if it is not retained. The message
+// aliases the transaction's memory: Clone it to keep it past the transaction.
+func (p *Partition) Get(off uint64) (*Message, error) {
+	v := p.msgs.Get(U64Key(off))
+	if v == nil {
+		return nil, nil
+	}
+	m, err := decodeMessage(v)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d offset %d: %w", p.ID, off, err)
+	}
+	m.Offset = off
+	return m, nil
+}
+
+// HeadTime returns the publish time of the oldest retained message, and
+// false when the partition is empty.
+func (p *Partition) HeadTime() (int64, bool, error) {
+	if p.Meta.Count() == 0 {
+		return 0, false, nil
+	}
+	m, err := p.Get(p.Meta.First)
+	if err != nil || m == nil {
+		return 0, false, err
+	}
+	return m.PublishedAt, true, nil
+}
+
+// TrimTo deletes every message below off (at most up to Next) and returns
+// how many it deleted.
+func (p *Partition) TrimTo(off uint64) (uint64, error) {
+	if off > p.Meta.Next {
+		off = p.Meta.Next
+	}
+	var n uint64
+	for p.Meta.First < off {
+		k := U64Key(p.Meta.First)
+		if v := p.msgs.Get(k); v != nil {
+			if m, err := decodeMessage(v); err == nil && p.Meta.Bytes >= uint64(len(m.Value)) {
+				p.Meta.Bytes -= uint64(len(m.Value))
+			}
+			if err := p.msgs.Delete(k); err != nil {
+				return n, err
+			}
+		}
+		p.Meta.First++
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if p.Meta.First == p.Meta.Next {
+		p.Meta.Bytes = 0
+	}
+	return n, p.saveMeta()
+}

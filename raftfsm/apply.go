@@ -1,0 +1,237 @@
+package raftfsm
+
+import (
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+	bolt "go.etcd.io/bbolt"
+)
+
+// dispatch is the one switch from a command to the code that applies it.
+func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (*Result, error) {
+	switch c.Op {
+	case OpPutTopic:
+		created, err := mlog.PutTopic(tx, c.Topic, c.Patch)
+		return &Result{Created: created}, err
+	case OpDeleteTopic:
+		return &Result{}, applyDeleteTopic(tx, c.Topic)
+	case OpPublish:
+		return applyPublish(tx, c, notify)
+	case OpLease:
+		return applyLease(tx, idx, c)
+	case OpAck, OpExtend:
+		return applyReceipts(tx, idx, c)
+	case OpExpire:
+		return &Result{}, applyExpire(tx, c, notify)
+	case OpPutGroup:
+		return applyPutGroup(tx, c)
+	case OpDeleteGroup:
+		l, err := mlog.Open(tx, c.Topic)
+		if err != nil {
+			return nil, err
+		}
+		return &Result{}, group.Delete(tx, l, c.Group)
+	case OpTrim:
+		return &Result{}, applyTrim(tx, c)
+	case OpSetNode:
+		var e mlog.Enc
+		e.Str(c.Node.HTTPAddr)
+		e.Str(c.Node.RaftAddr)
+		return &Result{}, tx.Bucket(bktNodes).Put([]byte(c.Node.ID), e.B)
+	}
+	return &Result{}, nil
+}
+
+func applyDeleteTopic(tx *bolt.Tx, topic string) error {
+	l, err := mlog.Open(tx, topic)
+	if err != nil {
+		return err
+	}
+	if err := group.DropTopicLeases(tx, l); err != nil {
+		return err
+	}
+	return mlog.DeleteTopic(tx, topic)
+}
+
+// applyPublish appends a batch atomically: every check that can refuse it
+// runs before the first write.
+func applyPublish(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result, error) {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	var size uint64
+	for _, m := range c.Msgs {
+		if err := l.CheckSize(len(m.Msg.Value)); err != nil {
+			return nil, err
+		}
+		size += uint64(len(m.Msg.Value))
+	}
+	trimmed, err := l.MakeRoom(uint64(len(c.Msgs)), size)
+	if err != nil {
+		return nil, err
+	}
+	if err := trimGroups(tx, l, trimmed); err != nil {
+		return nil, err
+	}
+	res := &Result{Published: make([]Published, len(c.Msgs))}
+	for i, m := range c.Msgs {
+		// The leader chose p against the config it saw; partitions only grow.
+		p := m.Partition % l.Cfg.Partitions
+		part, err := l.Partition(p)
+		if err != nil {
+			return nil, err
+		}
+		m.Msg.PublishedAt = c.Now
+		off, err := part.Append(m.Msg)
+		if err != nil {
+			return nil, err
+		}
+		res.Published[i] = Published{Partition: p, Offset: off}
+	}
+	notify[c.Topic] = struct{}{}
+	return res, nil
+}
+
+func trimGroups(tx *bolt.Tx, l *mlog.Log, trimmed []mlog.Trimmed) error {
+	if len(trimmed) == 0 {
+		return nil
+	}
+	for _, name := range group.Names(l) {
+		g, err := group.Open(tx, l, name, false, 0)
+		if err != nil {
+			return err
+		}
+		for _, t := range trimmed {
+			if err := g.OnTrim(t); err != nil {
+				return err
+			}
+		}
+		if err := g.Save(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyLease(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	g, err := group.Open(tx, l, c.Group, true, c.Now)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx)
+	return &Result{Deliveries: ds}, err
+}
+
+func applyReceipts(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	g, err := group.Open(tx, l, c.Group, false, c.Now)
+	if err != nil {
+		return nil, err
+	}
+	var st []string
+	if c.Op == OpAck {
+		st, err = g.Ack(c.Now, idx, c.Receipts)
+	} else {
+		st, err = g.Extend(c.Now, c.LeaseMs, idx, c.Receipts)
+	}
+	return &Result{Statuses: st}, err
+}
+
+func applyExpire(tx *bolt.Tx, c *Command, notify map[string]struct{}) error {
+	for _, x := range c.Expired {
+		l, err := mlog.Open(tx, x.Topic)
+		if err != nil {
+			continue // deleted since the leader looked
+		}
+		g, err := group.Open(tx, l, x.Group, false, c.Now)
+		if err != nil {
+			continue
+		}
+		if err := g.ExpireLease(c.Now, x.Receipt); err != nil {
+			return err
+		}
+		if err := g.Save(); err != nil {
+			return err
+		}
+		notify[x.Topic] = struct{}{}
+	}
+	return nil
+}
+
+func applyPutGroup(tx *bolt.Tx, c *Command) (*Result, error) {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	_, err = group.Open(tx, l, c.Group, false, c.Now)
+	if err == nil {
+		return &Result{}, nil
+	}
+	_, err = group.Open(tx, l, c.Group, true, c.Now)
+	return &Result{Created: err == nil}, err
+}
+
+// applyTrim enforces retention on one topic: retention_ms by age, or with
+// retention_ms 0 and at least one group, everything every group finished.
+func applyTrim(tx *bolt.Tx, c *Command) error {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return err
+	}
+	trimmed, err := TrimPlan(tx, l, c.Now)
+	if err != nil {
+		return err
+	}
+	for _, t := range trimmed {
+		part, err := l.Partition(t.Partition)
+		if err != nil {
+			return err
+		}
+		if _, err := part.TrimTo(t.NewFirst); err != nil {
+			return err
+		}
+	}
+	return trimGroups(tx, l, trimmed)
+}
+
+// TrimPlan says what retention would trim from a topic at now, without
+// writing. The leader calls it to decide whether to propose OpTrim.
+func TrimPlan(tx *bolt.Tx, l *mlog.Log, now int64) ([]mlog.Trimmed, error) {
+	var out []mlog.Trimmed
+	if l.Cfg.RetentionMs > 0 {
+		return l.TrimOlderThanPlan(now - l.Cfg.RetentionMs)
+	}
+	names := group.Names(l)
+	if len(names) == 0 {
+		return nil, nil
+	}
+	for p := uint32(0); p < l.Cfg.Partitions; p++ {
+		part, err := l.Partition(p)
+		if err != nil {
+			return nil, err
+		}
+		floor := part.Meta.Next
+		for _, n := range names {
+			g, err := group.Open(tx, l, n, false, now)
+			if err != nil {
+				return nil, err
+			}
+			f, err := g.Floor(p)
+			if err != nil {
+				return nil, err
+			}
+			floor = min(floor, f)
+		}
+		if floor > part.Meta.First {
+			out = append(out, mlog.Trimmed{Partition: p, NewFirst: floor})
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,188 @@
+package raftfsm
+
+import (
+	"fmt"
+
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+)
+
+// Op is a command's operation. Zero is reserved; new ops are only appended.
+type Op byte
+
+// Operations.
+const (
+	OpInvalid Op = iota
+	OpPutTopic
+	OpDeleteTopic
+	OpPublish
+	OpLease
+	OpAck
+	OpExtend
+	OpExpire
+	OpPutGroup
+	OpDeleteGroup
+	OpTrim
+	OpSetNode
+	opEnd // one past the last op
+)
+
+func (o Op) String() string {
+	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
+		"expire", "put_group", "delete_group", "trim", "set_node"}
+	if int(o) < len(names) {
+		return names[o]
+	}
+	return fmt.Sprintf("op(%d)", byte(o))
+}
+
+const codecVersion = 1
+
+// NodeInfo is a cluster member's addresses, kept in the FSM so that every
+// node can forward to the leader's HTTP address.
+type NodeInfo struct {
+	ID       string `json:"id"`
+	HTTPAddr string `json:"http_addr"`
+	RaftAddr string `json:"raft_addr"`
+}
+
+// Command is one replicated state change. Now is the leader's clock (unix
+// ms) when it proposed the command; the FSM never reads a clock of its own.
+// Only the fields of the command's Op are encoded.
+type Command struct {
+	Op       Op
+	Now      int64
+	Topic    string
+	Group    string
+	Patch    mlog.Patch      // OpPutTopic
+	Msgs     []mlog.Placed   // OpPublish
+	Max      uint32          // OpLease
+	LeaseMs  int64           // OpLease, OpExtend
+	Receipts []group.Receipt // OpAck, OpExtend
+	Expired  []group.Expired // OpExpire
+	Node     NodeInfo        // OpSetNode
+}
+
+// Encode renders the command in the versioned binary encoding.
+func (c *Command) Encode() []byte {
+	var e mlog.Enc
+	e.Byte(codecVersion)
+	e.Byte(byte(c.Op))
+	e.I64(c.Now)
+	switch c.Op {
+	case OpPutTopic:
+		e.Str(c.Topic)
+		c.Patch.Encode(&e)
+	case OpDeleteTopic, OpTrim:
+		e.Str(c.Topic)
+	case OpPutGroup, OpDeleteGroup:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+	case OpPublish:
+		e.Str(c.Topic)
+		e.U64(uint64(len(c.Msgs)))
+		for _, m := range c.Msgs {
+			e.U64(uint64(m.Partition))
+			m.Msg.Encode(&e)
+		}
+	case OpLease:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+		e.U64(uint64(c.Max))
+		e.I64(c.LeaseMs)
+	case OpAck, OpExtend:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+		e.I64(c.LeaseMs)
+		encodeReceipts(&e, c.Receipts)
+	case OpExpire:
+		e.U64(uint64(len(c.Expired)))
+		for _, x := range c.Expired {
+			e.Str(x.Topic)
+			e.Str(x.Group)
+			encodeReceipts(&e, []group.Receipt{x.Receipt})
+		}
+	case OpSetNode:
+		e.Str(c.Node.ID)
+		e.Str(c.Node.HTTPAddr)
+		e.Str(c.Node.RaftAddr)
+	}
+	return e.B
+}
+
+func encodeReceipts(e *mlog.Enc, rs []group.Receipt) {
+	e.U64(uint64(len(rs)))
+	for _, r := range rs {
+		e.U64(uint64(r.Partition))
+		e.U64(r.Offset)
+		e.U64(r.Delivery)
+	}
+}
+
+func decodeReceipts(d *mlog.Dec) []group.Receipt {
+	n := d.Len(3)
+	rs := make([]group.Receipt, n)
+	for i := range rs {
+		rs[i] = group.Receipt{Partition: uint32(d.U64()), Offset: d.U64(), Delivery: d.U64()}
+	}
+	return rs
+}
+
+// DecodeCommand reads what Encode wrote. Byte slices in the result alias b.
+func DecodeCommand(b []byte) (*Command, error) {
+	d := mlog.Dec{B: b}
+	if v := d.Byte(); d.Err() == nil && v != codecVersion {
+		return nil, fmt.Errorf("%w: command codec version %d", mlog.ErrCorrupt, v)
+	}
+	c := &Command{Op: Op(d.Byte()), Now: d.I64()}
+	switch c.Op {
+	case OpPutTopic:
+		c.Topic = d.Str()
+		c.Patch = mlog.DecodePatch(&d)
+	case OpDeleteTopic, OpTrim:
+		c.Topic = d.Str()
+	case OpPutGroup, OpDeleteGroup:
+		c.Topic, c.Group = d.Str(), d.Str()
+	case OpPublish:
+		c.Topic = d.Str()
+		n := d.Len(9)
+		c.Msgs = make([]mlog.Placed, n)
+		for i := range c.Msgs {
+			c.Msgs[i].Partition = uint32(d.U64())
+			c.Msgs[i].Msg = mlog.DecodeMessage(&d)
+		}
+	case OpLease:
+		c.Topic, c.Group = d.Str(), d.Str()
+		c.Max = uint32(d.U64())
+		c.LeaseMs = d.I64()
+	case OpAck, OpExtend:
+		c.Topic, c.Group = d.Str(), d.Str()
+		c.LeaseMs = d.I64()
+		c.Receipts = decodeReceipts(&d)
+	case OpExpire:
+		n := d.Len(5)
+		c.Expired = make([]group.Expired, n)
+		for i := range c.Expired {
+			x := &c.Expired[i]
+			x.Topic, x.Group = d.Str(), d.Str()
+			if rs := decodeReceipts(&d); len(rs) == 1 {
+				x.Receipt = rs[0]
+			} else if d.Err() == nil {
+				return nil, fmt.Errorf("%w: expire item with %d receipts", mlog.ErrCorrupt, len(rs))
+			}
+		}
+	case OpSetNode:
+		c.Node = NodeInfo{ID: d.Str(), HTTPAddr: d.Str(), RaftAddr: d.Str()}
+	default:
+		if d.Err() == nil {
+			return nil, fmt.Errorf("%w: unknown op %d", mlog.ErrCorrupt, c.Op)
+		}
+	}
+	if err := d.Err(); err != nil {
+		return nil, err
+	}
+	if len(d.B) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes after %s", mlog.ErrCorrupt, len(d.B), c.Op)
+	}
+	return c, nil
+}

@@ -1,0 +1,265 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Result is what applying one command produced, returned to the proposer
+// through raft's ApplyFuture.
+type Result struct {
+	Err        error
+	Created    bool
+	Published  []Published
+	Deliveries []group.Delivery
+	Statuses   []string
+}
+
+// Published is the placement of one published message.
+type Published struct {
+	Partition uint32
+	Offset    uint64
+}
+
+var (
+	bktMeta    = []byte("meta")
+	bktNodes   = []byte("nodes")
+	keyApplied = []byte("applied_index")
+)
+
+// FSM is the state machine over a bbolt database. The database is a cache
+// of the latest snapshot plus the raft log after it: it is opened without
+// fsync and rebuilt from scratch every time the node starts.
+type FSM struct {
+	path   string
+	logger *slog.Logger
+	// Notify, if set, is called after each batch commits with the topics that
+	// gained deliverable messages.
+	Notify func(topics map[string]struct{})
+
+	mu      sync.RWMutex // guards db against Restore's swap
+	db      *bolt.DB
+	applied atomic.Uint64
+}
+
+var boltOpts = &bolt.Options{
+	NoSync:          true, // durability comes from the raft log; see ARCHITECTURE.md
+	NoFreelistSync:  true,
+	FreelistType:    bolt.FreelistMapType,
+	InitialMmapSize: 1 << 30,
+}
+
+// OpenFSM creates an empty state machine at path, removing whatever was
+// there: raft restores the latest snapshot and replays the log into it.
+func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale fsm: %w", err)
+	}
+	f := &FSM{path: path, logger: logger}
+	db, err := openDB(path)
+	if err != nil {
+		return nil, err
+	}
+	f.db = db
+	return f, nil
+}
+
+func openDB(path string) (*bolt.DB, error) {
+	db, err := bolt.Open(path, 0o600, boltOpts)
+	if err != nil {
+		return nil, fmt.Errorf("open fsm db: %w", err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bktMeta, bktNodes} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		if err := mlog.Init(tx); err != nil {
+			return err
+		}
+		return group.Init(tx)
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init fsm db: %w", err)
+	}
+	return db, nil
+}
+
+// Close closes the database.
+func (f *FSM) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.db.Close()
+}
+
+// View runs fn in a read transaction of the current state.
+func (f *FSM) View(fn func(tx *bolt.Tx) error) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.db.View(fn)
+}
+
+// AppliedIndex is the index of the last applied raft log entry.
+func (f *FSM) AppliedIndex() uint64 { return f.applied.Load() }
+
+// Apply implements raft.FSM for a single entry.
+func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch implements raft.BatchingFSM: the whole batch is one bbolt
+// transaction, with the applied index written in it.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	notify := map[string]struct{}{}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		for i, l := range logs {
+			if l.Type != raft.LogCommand {
+				continue
+			}
+			cmd, err := DecodeCommand(l.Data)
+			if err != nil {
+				// Replicas would diverge if we skipped it: stop the node.
+				panic(fmt.Sprintf("raftfsm: undecodable committed entry at index %d: %v", l.Index, err))
+			}
+			out[i] = f.applyOne(tx, l.Index, cmd, notify)
+		}
+		last := logs[len(logs)-1].Index
+		return tx.Bucket(bktMeta).Put(keyApplied, mlog.U64Key(last))
+	})
+	if err != nil {
+		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
+	}
+	f.applied.Store(logs[len(logs)-1].Index)
+	if len(notify) > 0 && f.Notify != nil {
+		f.Notify(notify)
+	}
+	return out
+}
+
+// applyOne applies a command. Business errors (unknown topic, full topic)
+// are detected before anything is written, so a failed command changes
+// nothing; any other error is a storage failure and stops the node.
+func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) *Result {
+	res, err := dispatch(tx, idx, c, notify)
+	if err != nil {
+		if isBusiness(err) {
+			return &Result{Err: err}
+		}
+		panic(fmt.Sprintf("raftfsm: apply %s at index %d: %v", c.Op, idx, err))
+	}
+	return res
+}
+
+func isBusiness(err error) bool {
+	for _, e := range []error{mlog.ErrTopicNotFound, mlog.ErrTopicFull, mlog.ErrPartitionShrink,
+		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// Nodes returns the node addresses recorded in the FSM.
+func (f *FSM) Nodes() map[string]NodeInfo {
+	out := map[string]NodeInfo{}
+	_ = f.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktNodes).ForEach(func(k, v []byte) error {
+			d := mlog.Dec{B: v}
+			n := NodeInfo{ID: string(k), HTTPAddr: d.Str(), RaftAddr: d.Str()}
+			if d.Err() == nil {
+				out[n.ID] = n
+			}
+			return nil
+		})
+	})
+	return out
+}
+
+// Snapshot implements raft.FSM: it opens a read transaction, which bbolt
+// keeps consistent while applies go on, and Persist streams it out.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	tx, err := f.db.Begin(false)
+	f.mu.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return &snapshot{tx: tx}, nil
+}
+
+type snapshot struct{ tx *bolt.Tx }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := s.tx.WriteTo(sink); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() { _ = s.tx.Rollback() }
+
+// Restore implements raft.FSM: the snapshot is a whole bbolt file, which
+// replaces the current database.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	tmp := f.path + ".restore"
+	w, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if _, err := io.Copy(w, rc); err != nil {
+		w.Close()
+		return fmt.Errorf("restore copy: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("restore close: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("restore: close old db: %w", err)
+	}
+	if err := os.Rename(tmp, f.path); err != nil {
+		return fmt.Errorf("restore rename: %w", err)
+	}
+	db, err := openDB(f.path)
+	if err != nil {
+		return err
+	}
+	f.db = db
+	var applied uint64
+	_ = db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bktMeta).Get(keyApplied); len(v) == 8 {
+			applied = binary.BigEndian.Uint64(v)
+		}
+		return nil
+	})
+	f.applied.Store(applied)
+	if f.Notify != nil {
+		all := map[string]struct{}{}
+		_ = db.View(func(tx *bolt.Tx) error {
+			for _, t := range mlog.Topics(tx) {
+				all[t] = struct{}{}
+			}
+			return nil
+		})
+		f.Notify(all)
+	}
+	return nil
+}

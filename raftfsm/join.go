@@ -1,0 +1,153 @@
+package raftfsm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// Status is what a node tells peers that are forming or joining a cluster
+// (GET /v1/internal/status).
+type Status struct {
+	NodeInfo
+	Bootstrapped bool `json:"bootstrapped"`
+	LeaderKnown  bool `json:"leader_known"`
+}
+
+// Status reports this node's membership state.
+func (n *Node) Status() Status {
+	servers, _ := n.Servers()
+	_, _, known := n.Leader()
+	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known}
+}
+
+// Form brings the node into a cluster and returns when its address is
+// recorded in the replicated state, or when ctx ends.
+//   - no peers: a node without state bootstraps a single-node cluster;
+//   - expect > 0: nodes without state wait until expect of them (this one
+//     included) answer and none is in a cluster yet, then all bootstrap the
+//     same configuration (the expect lowest ids); a node that finds a peer
+//     already in a cluster joins it instead;
+//   - a node with state just runs: raft knows its peers.
+//
+// Every node then makes sure the leader has recorded its HTTP address.
+func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	if !n.hadState && len(peers) == 0 {
+		if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
+			return fmt.Errorf("bootstrap: %w", err)
+		}
+	}
+	t := time.NewTicker(300 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if n.recorded() {
+			return nil
+		}
+		n.formStep(ctx, client, peers, expect)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (n *Node) recorded() bool {
+	return n.FSM.Nodes()[n.cfg.ID] == n.Info()
+}
+
+func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string, expect int) {
+	if _, _, ok := n.Leader(); ok {
+		// In a cluster: ask the leader (through any node) to record us.
+		if n.IsLeader() {
+			return // the leader loop records itself
+		}
+		for _, p := range append([]string{n.cfg.HTTPAddr}, peers...) {
+			if postJoin(ctx, client, p, n.Info()) == nil {
+				return
+			}
+		}
+		return
+	}
+	if n.Status().Bootstrapped || len(peers) == 0 {
+		return // waiting for an election
+	}
+	found := []NodeInfo{n.Info()}
+	for _, p := range peers {
+		if p == n.cfg.HTTPAddr {
+			continue
+		}
+		st, err := getStatus(ctx, client, p)
+		if err != nil || st.ID == n.cfg.ID {
+			continue
+		}
+		if st.Bootstrapped {
+			if err := postJoin(ctx, client, p, n.Info()); err != nil {
+				n.logger.Debug("join", "peer", p, "err", err)
+			}
+			return
+		}
+		found = append(found, st.NodeInfo)
+	}
+	if expect > 0 && len(found) >= expect {
+		slices.SortFunc(found, func(a, b NodeInfo) int { return cmpStr(a.ID, b.ID) })
+		found = found[:expect]
+		if !slices.ContainsFunc(found, func(x NodeInfo) bool { return x.ID == n.cfg.ID }) {
+			return
+		}
+		n.logger.Info("bootstrapping cluster", "servers", len(found))
+		if err := n.Bootstrap(found); err != nil {
+			n.logger.Error("bootstrap", "err", err)
+		}
+	}
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func getStatus(ctx context.Context, c *http.Client, addr string) (Status, error) {
+	var st Status
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/internal/status", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+func postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) error {
+	body, _ := json.Marshal(info)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/internal/join", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("join via %s: status %d", addr, resp.StatusCode)
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Sentinel errors of the node.
+var (
+	ErrNotLeader = errors.New("not the leader")
+	ErrNoQuorum  = errors.New("no quorum: the write could not be committed in time")
+	ErrShutdown  = errors.New("node is shutting down")
+)
+
+// Config configures a node.
+type Config struct {
+	ID                string
+	DataDir           string
+	RaftAddr          string // listen address
+	RaftAdvertise     string // address peers dial; defaults to RaftAddr
+	HTTPAddr          string // advertised to peers for forwarding
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+	Logger            *slog.Logger
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	if c.DataDir == "" || c.RaftAddr == "" || c.HTTPAddr == "" {
+		return errors.New("data dir, raft address and http address are required")
+	}
+	if c.RaftAdvertise == "" {
+		c.RaftAdvertise = c.RaftAddr
+	}
+	if c.ID == "" {
+		c.ID = c.RaftAdvertise
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 8192
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = 30 * time.Second
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Node is one Raft member with its FSM.
+type Node struct {
+	cfg       Config
+	Raft      *raft.Raft
+	FSM       *FSM
+	trans     *raft.NetworkTransport
+	logStore  *raftboltdb.BoltStore
+	hadState  bool
+	logger    *slog.Logger
+	stopLoops context.CancelFunc
+}
+
+// Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
+// every append), file snapshots, TCP transport, and an FSM rebuilt from the
+// latest snapshot and the log.
+func Open(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	n := &Node{cfg: cfg, logger: cfg.Logger}
+	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	n.FSM = fsm
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	n.logStore, err = raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.DataDir, "raft.db"),
+		BoltOptions: &bolt.Options{Timeout: 5 * time.Second, FreelistType: bolt.FreelistMapType, NoFreelistSync: true},
+	})
+	if err != nil {
+		fsm.Close()
+		return nil, fmt.Errorf("raft log store: %w", err)
+	}
+	logs, err := raft.NewLogCache(1024, n.logStore)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("raft advertise address: %w", err)
+	}
+	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, hlog)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("raft transport: %w", err)
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.Logger = hlog
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 1024
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.HeartbeatTimeout = 1000 * time.Millisecond
+	rc.ElectionTimeout = 1000 * time.Millisecond
+	rc.LeaderLeaseTimeout = 500 * time.Millisecond
+	n.hadState, err = raft.HasExistingState(logs, n.logStore, snaps)
+	if err != nil {
+		n.trans.Close()
+		n.closeStores()
+		return nil, err
+	}
+	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.logStore, snaps, n.trans)
+	if err != nil {
+		n.trans.Close()
+		n.closeStores()
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	return n, nil
+}
+
+func (n *Node) closeStores() {
+	if n.logStore != nil {
+		n.logStore.Close()
+	}
+	n.FSM.Close()
+}
+
+// ID is this node's id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// Info is this node's addresses.
+func (n *Node) Info() NodeInfo {
+	return NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
+}
+
+// HadState reports whether the node started with existing raft state.
+func (n *Node) HadState() bool { return n.hadState }
+
+// IsLeader reports whether this node is the leader now.
+func (n *Node) IsLeader() bool { return n.Raft.State() == raft.Leader }
+
+// Leader returns the leader's id and HTTP address, if known.
+func (n *Node) Leader() (id, httpAddr string, ok bool) {
+	_, lid := n.Raft.LeaderWithID()
+	if lid == "" {
+		return "", "", false
+	}
+	if string(lid) == n.cfg.ID {
+		return n.cfg.ID, n.cfg.HTTPAddr, true
+	}
+	info, ok := n.FSM.Nodes()[string(lid)]
+	return string(lid), info.HTTPAddr, ok && info.HTTPAddr != ""
+}
+
+// Apply proposes a command on the leader and waits for it to be committed
+// on a majority and applied here, or for ctx to end.
+func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
+	if n.Raft.State() != raft.Leader {
+		return nil, ErrNotLeader
+	}
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, ErrNoQuorum
+		}
+	}
+	f := n.Raft.Apply(c.Encode(), timeout)
+	done := make(chan struct{})
+	go func() { _ = f.Error(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
+	}
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader):
+			return nil, ErrNotLeader
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return nil, ErrShutdown
+		default: // leadership lost, enqueue timeout
+			return nil, fmt.Errorf("%w: %w", ErrNoQuorum, err)
+		}
+	}
+	res, _ := f.Response().(*Result)
+	if res == nil {
+		return nil, fmt.Errorf("%w: no result for %s", ErrNoQuorum, c.Op)
+	}
+	if res.Err != nil {
+		return res, res.Err
+	}
+	return res, nil
+}
+
+// WaitLeader waits until some node leads (true) or ctx ends (false).
+func (n *Node) WaitLeader(ctx context.Context) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if _, _, ok := n.Leader(); ok {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// Ready reports whether the node knows a leader and has applied everything
+// it knows to be committed.
+func (n *Node) Ready() bool {
+	if _, _, ok := n.Leader(); !ok {
+		return false
+	}
+	return n.FSM.AppliedIndex() >= n.Raft.CommitIndex()
+}
+
+// Shutdown hands leadership off if leader, then stops raft and closes the
+// stores.
+func (n *Node) Shutdown() error {
+	if n.stopLoops != nil {
+		n.stopLoops()
+	}
+	if n.IsLeader() && len(n.Raft.GetConfiguration().Configuration().Servers) > 1 {
+		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+			n.logger.Warn("leadership transfer", "err", err)
+		}
+	}
+	err := n.Raft.Shutdown().Error()
+	n.trans.Close()
+	n.closeStores()
+	return err
+}
+
+// Bootstrap forms a new cluster of the given servers.
+func (n *Node) Bootstrap(servers []NodeInfo) error {
+	var cfg raft.Configuration
+	for _, s := range servers {
+		cfg.Servers = append(cfg.Servers, raft.Server{ID: raft.ServerID(s.ID), Address: raft.ServerAddress(s.RaftAddr), Suffrage: raft.Voter})
+	}
+	err := n.Raft.BootstrapCluster(cfg).Error()
+	if errors.Is(err, raft.ErrCantBootstrap) {
+		return nil
+	}
+	return err
+}
+
+// Join adds a node as a voter (on the leader) and records its addresses.
+func (n *Node) Join(ctx context.Context, info NodeInfo) error {
+	if !n.IsLeader() {
+		return ErrNotLeader
+	}
+	have := false
+	cf := n.Raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == info.ID && string(s.Address) == info.RaftAddr {
+			have = true
+		}
+	}
+	if !have {
+		if err := n.Raft.AddVoter(raft.ServerID(info.ID), raft.ServerAddress(info.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+			return fmt.Errorf("add voter %s: %w", info.ID, err)
+		}
+	}
+	if n.FSM.Nodes()[info.ID] == info {
+		return nil
+	}
+	_, err := n.Apply(ctx, &Command{Op: OpSetNode, Now: time.Now().UnixMilli(), Node: info})
+	return err
+}
+
+// Servers returns the raft configuration's servers.
+func (n *Node) Servers() ([]raft.Server, error) {
+	f := n.Raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	return f.Configuration().Servers, nil
+}
+
+// LastSnapshotIndex is the index of this node's latest snapshot.
+func (n *Node) LastSnapshotIndex() uint64 {
+	var idx uint64
+	fmt.Sscan(n.Raft.Stats()["last_snapshot_index"], &idx)
+	return idx
+}
+
+var _ io.Closer = (*FSM)(nil)
