@@ -41,6 +41,8 @@ func classify(err error) apiError {
 		{ErrBadHeader, apiError{400, "bad_header"}},
 		{ErrBadRequest, apiError{400, "bad_request"}},
 		{mlog.ErrPartitionShrink, apiError{409, "partitions_shrink"}},
+		{raftfsm.ErrSeqGap, apiError{409, "sequence_gap"}},
+		{raftfsm.ErrSeqTooOld, apiError{409, "sequence_too_old"}},
 		{mlog.ErrTooLarge, apiError{413, "message_too_large"}},
 		{ErrBodyTooLarge, apiError{413, "request_too_large"}},
 		{mlog.ErrTopicFull, apiError{507, "topic_full"}},

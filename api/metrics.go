@@ -17,6 +17,7 @@ import (
 type metrics struct {
 	reg       *prometheus.Registry
 	published prometheus.Counter
+	dedupHits prometheus.Counter
 	acks      *prometheus.CounterVec
 	requests  *prometheus.CounterVec
 	commitLat prometheus.Histogram
@@ -27,13 +28,15 @@ func newMetrics(s *Server) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.published = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_published_messages_total",
 		Help: "Messages published through this node while it led."})
+	m.dedupHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_publish_duplicates_total",
+		Help: "Publishes answered as duplicates (idempotency key or producer sequence)."})
 	m.acks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_ack_results_total",
 		Help: "Ack receipts by result (ok, stale, invalid)."}, []string{"status"})
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_http_requests_total",
 		Help: "HTTP requests by status code."}, []string{"code"})
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
 		Help: "Time from proposing a publish to its commit and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
-	m.reg.MustRegister(m.published, m.acks, m.requests, m.commitLat, &stateCollector{s},
+	m.reg.MustRegister(m.published, m.dedupHits, m.acks, m.requests, m.commitLat, &stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -30,6 +31,30 @@ type publishAnswer struct {
 	Duplicate bool   `json:"duplicate"`
 }
 
+// producer is a request's Mq-Producer-Id and Mq-Producer-Seq.
+type producer struct {
+	id  string
+	seq uint64
+}
+
+func producerFromHeaders(h *fasthttp.RequestHeader) (producer, error) {
+	id, seq := h.Peek("Mq-Producer-Id"), h.Peek("Mq-Producer-Seq")
+	if id == nil && seq == nil {
+		return producer{}, nil
+	}
+	if id == nil || seq == nil {
+		return producer{}, fmt.Errorf("%w: Mq-Producer-Id and Mq-Producer-Seq go together", ErrBadHeader)
+	}
+	if len(id) < 1 || len(id) > maxKeyLen {
+		return producer{}, fmt.Errorf("%w: Mq-Producer-Id must be 1..%d bytes", ErrBadHeader, maxKeyLen)
+	}
+	n, err := strconv.ParseUint(string(seq), 10, 63)
+	if err != nil {
+		return producer{}, fmt.Errorf("%w: Mq-Producer-Seq must be a non-negative integer", ErrBadHeader)
+	}
+	return producer{id: string(id), seq: n}, nil
+}
+
 // pubMsg is one message to publish before placement.
 type pubMsg struct {
 	msg          *mlog.Message
@@ -41,19 +66,51 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
+	prod, err := producerFromHeaders(&ctx.Request.Header)
+	if err != nil {
+		return err
+	}
+	if dup, ok := s.knownDuplicate(r.topic, m.msg.IdempotencyKey, prod); ok {
+		s.metrics.dedupHits.Inc()
+		writeJSON(ctx, 200, publishAnswer{Topic: r.topic, Partition: dup.Partition, Offset: dup.Offset, Duplicate: true})
+		return nil
+	}
 	m.msg.Value = bytes.Clone(ctx.PostBody()) // fasthttp reuses the body buffer
-	res, err := s.publishMsgs(r, []pubMsg{m})
+	res, err := s.publishMsgs(ctx, r, []pubMsg{m}, prod)
 	if err != nil {
 		return err
 	}
 	p := res.Published[0]
-	writeJSON(ctx, 201, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset})
+	status := 201
+	if p.Duplicate {
+		status = 200
+		s.metrics.dedupHits.Inc()
+	}
+	writeJSON(ctx, status, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate})
 	return nil
+}
+
+// knownDuplicate answers a repeated idempotency key from the leader's
+// applied state, without a Raft round. Only committed publishes are
+// applied, so a hit is final; a miss goes to the FSM, which decides.
+// Requests with a producer sequence always go to the FSM.
+func (s *Server) knownDuplicate(topic, key string, prod producer) (raftfsm.Published, bool) {
+	if key == "" || prod.id != "" {
+		return raftfsm.Published{}, false
+	}
+	var pub raftfsm.Published
+	var ok bool
+	_ = s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		pub, ok, err = raftfsm.LookupKey(tx, topic, key, nowMs())
+		return err
+	})
+	return pub, ok
 }
 
 // publishMsgs places the messages on partitions and commits them as one
 // command.
-func (s *Server) publishMsgs(r *route, msgs []pubMsg) (*raftfsm.Result, error) {
+func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, prod producer) (*raftfsm.Result, error) {
 	var cfg mlog.Config
 	err := s.node.FSM.View(func(tx *bolt.Tx) error {
 		var err error
@@ -63,7 +120,8 @@ func (s *Server) publishMsgs(r *route, msgs []pubMsg) (*raftfsm.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs))}
+	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
+		Producer: prod.id, Seq: prod.seq}
 	for i, m := range msgs {
 		if err := checkSize(cfg, len(m.msg.Value)); err != nil {
 			return nil, err
@@ -73,6 +131,9 @@ func (s *Server) publishMsgs(r *route, msgs []pubMsg) (*raftfsm.Result, error) {
 	start := nowMs()
 	res, err := s.node.Apply(r.ctx, cmd)
 	s.metrics.commit(nowMs()-start, err)
+	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) {
+		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
+	}
 	if err == nil {
 		s.metrics.published.Add(float64(len(msgs)))
 	}
@@ -143,11 +204,6 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 	}
 	if m.msg.DeliverAt > 0 {
 		m.msg.DeliverAt += nowMs()
-	}
-	for _, name := range []string{"Mq-Producer-Id", "Mq-Producer-Seq"} {
-		if h.Peek(name) != nil {
-			return m, fmt.Errorf("%w: %s is not supported yet", ErrBadHeader, name)
-		}
 	}
 	var attrErr error
 	h.VisitAll(func(k, v []byte) {
@@ -278,13 +334,20 @@ func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
 	if total > MaxBatchBytes {
 		return fmt.Errorf("%w: batch payloads total %d bytes > %d", ErrBodyTooLarge, total, MaxBatchBytes)
 	}
-	res, err := s.publishMsgs(r, msgs)
+	prod, err := producerFromHeaders(&ctx.Request.Header)
+	if err != nil {
+		return err
+	}
+	res, err := s.publishMsgs(ctx, r, msgs, prod)
 	if err != nil {
 		return err
 	}
 	out := make([]publishAnswer, len(res.Published))
 	for i, p := range res.Published {
-		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset}
+		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate}
+		if p.Duplicate {
+			s.metrics.dedupHits.Inc()
+		}
 	}
 	writeJSON(ctx, 200, map[string]any{"results": out})
 	return nil

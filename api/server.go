@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	mlog "github.com/mqd/mqd/log"
@@ -243,9 +244,22 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 		if s.node.IsLeader() {
 			continue
 		}
-		return s.forward(rctx, ctx)
+		err := s.forward(rctx, ctx)
+		if !errors.Is(err, errLeaderUnreachable) {
+			return err
+		}
+		// The request never reached the leader: wait for it to come back
+		// or for a new one, within the deadline.
+		select {
+		case <-rctx.Done():
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
+
+// errLeaderUnreachable means a forward could not connect: nothing was sent.
+var errLeaderUnreachable = errors.New("leader unreachable")
 
 // forward proxies the request to the leader and copies its answer back.
 func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
@@ -270,9 +284,18 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 	resp := &ctx.Response
 	if err := s.fwd.DoDeadline(req, resp, dl); err != nil {
 		resp.Reset()
+		if isDialError(err) {
+			return fmt.Errorf("%w: %s: %v", errLeaderUnreachable, addr, err)
+		}
 		return fmt.Errorf("%w: forward to leader %s: %v", ErrUnavailable, addr, err)
 	}
 	return nil
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		(errors.As(err, &op) && op.Op == "dial")
 }
 
 // fetchWait is how long a forwarded fetch may legitimately wait.

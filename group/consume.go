@@ -16,80 +16,161 @@ type Delivery struct {
 	Delivery   uint64
 }
 
+// maxScan bounds how many messages one lease may pass over (delayed, held
+// or skipped) so that a command's work stays small.
+const maxScan = 4096
+
 // Lease hands out up to max deliverable messages, each leased until
 // now+leaseMs under delivery id idx (the Raft index of the command).
 // Messages due for redelivery come first, oldest due first; then new
 // messages, one partition after another starting at idx mod partitions.
+// On the way, consumer-group idempotency applies (see offer).
 func (g *Group) Lease(now, leaseMs int64, max int, idx uint64) ([]Delivery, error) {
-	var out []Delivery
-	until := now + leaseMs
-	// Redeliveries that are due.
+	lz := &leaser{g: g, now: now, until: now + leaseMs, idx: idx, max: max}
+	if err := lz.dueRedeliveries(); err != nil {
+		return nil, err
+	}
+	if err := lz.newMessages(); err != nil {
+		return nil, err
+	}
+	if len(lz.out) > 0 || lz.scanned > 0 {
+		g.dirty = true
+	}
+	return lz.out, g.Save()
+}
+
+type leaser struct {
+	g          *Group
+	now, until int64
+	idx        uint64
+	max        int
+	scanned    int
+	out        []Delivery
+}
+
+func (lz *leaser) full() bool { return len(lz.out) >= lz.max || lz.scanned >= maxScan }
+
+func (lz *leaser) dueRedeliveries() error {
+	g := lz.g
 	c := g.b.Bucket(bktReady).Cursor()
 	var due [][]byte
-	for k, _ := c.First(); k != nil && len(due) < max; k, _ = c.Next() {
-		if int64(binary.BigEndian.Uint64(k)) > now {
+	for k, _ := c.First(); k != nil && len(due) < lz.max; k, _ = c.Next() {
+		if int64(binary.BigEndian.Uint64(k)) > lz.now {
 			break
 		}
 		due = append(due, bytes.Clone(k))
 	}
 	for _, k := range due {
+		if lz.full() {
+			return nil
+		}
 		p, off := binary.BigEndian.Uint32(k[8:]), binary.BigEndian.Uint64(k[12:])
 		r, ok, err := g.getRecord(p, off)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !ok || r.State != stateReady {
-			return nil, errCorruptIndex(p, off)
+			return errCorruptIndex(p, off)
 		}
-		nr := record{State: stateLeased, RetryCount: r.RetryCount, Delivery: idx, Until: until}
-		if err := g.replace(p, off, r, nr); err != nil {
-			return nil, err
+		if err := lz.offer(p, off, &r); err != nil {
+			return err
 		}
-		out = append(out, Delivery{p, off, r.RetryCount, idx})
 	}
-	// New messages, round robin over partitions.
+	return nil
+}
+
+// newMessages walks the cursors round robin over partitions.
+func (lz *leaser) newMessages() error {
+	g := lz.g
 	n := g.log.Cfg.Partitions
-	type pc struct{ next, end uint64 }
-	cur := make([]pc, n)
+	next := make([]uint64, n)
+	end := make([]uint64, n)
 	for i := uint32(0); i < n; i++ {
-		next, err := g.cursor(i)
-		if err != nil {
-			return nil, err
+		var err error
+		if next[i], err = g.cursor(i); err != nil {
+			return err
 		}
 		part, _ := g.log.Partition(i)
-		cur[i] = pc{next, part.Meta.Next}
+		end[i] = part.Meta.Next
 	}
-	start := uint32(idx % uint64(n))
-	for len(out) < max {
+	moved := make([]bool, n)
+	start := uint32(lz.idx % uint64(n))
+	for !lz.full() {
 		progressed := false
-		for j := uint32(0); j < n && len(out) < max; j++ {
+		for j := uint32(0); j < n && !lz.full(); j++ {
 			p := (start + j) % n
-			if cur[p].next >= cur[p].end {
+			if next[p] >= end[p] {
 				continue
 			}
-			off := cur[p].next
-			cur[p].next++
-			progressed = true
-			if err := g.putRecord(p, off, record{State: stateLeased, Delivery: idx, Until: until}); err != nil {
-				return nil, err
+			off := next[p]
+			next[p]++
+			moved[p], progressed = true, true
+			if err := lz.offer(p, off, nil); err != nil {
+				return err
 			}
-			out = append(out, Delivery{p, off, 0, idx})
 		}
 		if !progressed {
 			break
 		}
 	}
 	for i := uint32(0); i < n; i++ {
-		if old, _ := g.cursor(i); cur[i].next != old {
-			if err := g.setCursor(i, cur[i].next); err != nil {
-				return nil, err
+		if moved[i] {
+			if err := g.setCursor(i, next[i]); err != nil {
+				return err
 			}
 		}
 	}
-	if len(out) > 0 {
-		g.dirty = true
+	return nil
+}
+
+// offer decides what happens to one candidate message: old is its record
+// when it is waiting for redelivery, nil when it is new. A new message
+// that is delayed waits in the ready index; a message whose key the group
+// has processed is skipped (the broker acks it); a message whose key is
+// leased by another message is held; anything else is leased.
+func (lz *leaser) offer(p uint32, off uint64, old *record) error {
+	g := lz.g
+	lz.scanned++
+	part, err := g.log.Partition(p)
+	if err != nil {
+		return err
 	}
-	return out, g.Save()
+	deliverAt, key, ok, err := part.Head(off)
+	if err != nil {
+		return err
+	}
+	set := func(r record) error {
+		if old != nil {
+			return g.replace(p, off, *old, r)
+		}
+		return g.putRecord(p, off, r)
+	}
+	var retry uint32
+	if old != nil {
+		retry = old.RetryCount
+	}
+	switch {
+	case !ok: // trimmed meanwhile
+		if old != nil {
+			return g.remove(p, off, *old)
+		}
+		return nil
+	case old == nil && deliverAt > lz.now:
+		return set(record{State: stateReady, Until: deliverAt, Key: key})
+	case key != "" && g.processed(key, lz.now):
+		g.c.DupSkipped++
+		if old != nil {
+			return g.remove(p, off, *old)
+		}
+		return nil
+	case key != "" && g.leasedByOther(key, p, off):
+		return set(record{State: stateHeld, RetryCount: retry, Key: key})
+	}
+	if err := set(record{State: stateLeased, RetryCount: retry, Delivery: lz.idx, Until: lz.until, Key: key}); err != nil {
+		return err
+	}
+	lz.out = append(lz.out, Delivery{p, off, retry, lz.idx})
+	return nil
 }
 
 // Receipt statuses.
@@ -140,6 +221,9 @@ func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error)
 				return nil, err
 			}
 			g.c.Acked++
+			if err := g.keyDone(rec.Key, now); err != nil {
+				return nil, err
+			}
 		}
 		out[i] = st
 	}
@@ -176,8 +260,11 @@ func (g *Group) Release(now, due int64, idx uint64, receipts []Receipt) ([]strin
 			return nil, err
 		}
 		if st == StatusOK {
-			nr := record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: due}
+			nr := record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: due, Key: rec.Key}
 			if err := g.replace(r.Partition, r.Offset, rec, nr); err != nil {
+				return nil, err
+			}
+			if err := g.releaseHeld(rec.Key, now, false); err != nil {
 				return nil, err
 			}
 		}
@@ -199,7 +286,10 @@ func (g *Group) ExpireLease(now int64, r Receipt) error {
 	if err != nil || !ok || rec.State != stateLeased || rec.Delivery != r.Delivery || rec.Until > now {
 		return err
 	}
-	return g.replace(r.Partition, r.Offset, rec, record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: now})
+	if err := g.replace(r.Partition, r.Offset, rec, record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: now, Key: rec.Key}); err != nil {
+		return err
+	}
+	return g.releaseHeld(rec.Key, now, false)
 }
 
 // DueLeases lists up to limit leases, over all groups, whose expiry is at
@@ -306,7 +396,7 @@ func (g *Group) Stats(now int64) (Stats, error) {
 		}
 		dueNow++
 	}
-	s.Backlog += dueNow
+	s.Backlog += dueNow + g.c.Held
 	s.Delayed = g.c.Ready - dueNow
 	return s, nil
 }

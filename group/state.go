@@ -17,8 +17,9 @@ var (
 
 // Message states.
 const (
-	stateLeased byte = 1
-	stateReady  byte = 2
+	stateLeased byte = 1 // in flight until Until
+	stateReady  byte = 2 // deliverable again from Until
+	stateHeld   byte = 3 // waiting while another message with its key is leased
 )
 
 type record struct {
@@ -26,6 +27,7 @@ type record struct {
 	RetryCount uint32
 	Delivery   uint64 // raft index of the lease that delivered it
 	Until      int64  // leased: lease expiry; ready: due time (unix ms)
+	Key        string // the message's idempotency key
 }
 
 func (r record) encode() []byte {
@@ -34,24 +36,25 @@ func (r record) encode() []byte {
 	e.U64(uint64(r.RetryCount))
 	e.U64(r.Delivery)
 	e.I64(r.Until)
+	e.Str(r.Key)
 	return e.B
 }
 
 func decodeRecord(b []byte) (record, error) {
 	d := mlog.Dec{B: b}
-	r := record{State: d.Byte(), RetryCount: uint32(d.U64()), Delivery: d.U64(), Until: d.I64()}
+	r := record{State: d.Byte(), RetryCount: uint32(d.U64()), Delivery: d.U64(), Until: d.I64(), Key: d.Str()}
 	return r, d.Err()
 }
 
 // counters are a group's running totals.
 type counters struct {
-	Acked, DupSkipped, InFlight, Ready uint64
-	Created                            int64
+	Acked, DupSkipped, InFlight, Ready, Held uint64
+	Created                                  int64
 }
 
 func (c counters) encode() []byte {
 	var e mlog.Enc
-	for _, v := range []uint64{c.Acked, c.DupSkipped, c.InFlight, c.Ready} {
+	for _, v := range []uint64{c.Acked, c.DupSkipped, c.InFlight, c.Ready, c.Held} {
 		e.U64(v)
 	}
 	e.I64(c.Created)
@@ -60,7 +63,7 @@ func (c counters) encode() []byte {
 
 func decodeCounters(b []byte) (counters, error) {
 	d := mlog.Dec{B: b}
-	c := counters{Acked: d.U64(), DupSkipped: d.U64(), InFlight: d.U64(), Ready: d.U64(), Created: d.I64()}
+	c := counters{Acked: d.U64(), DupSkipped: d.U64(), InFlight: d.U64(), Ready: d.U64(), Held: d.U64(), Created: d.I64()}
 	return c, d.Err()
 }
 
@@ -69,6 +72,9 @@ var (
 	bktCursor   = []byte("c")
 	bktState    = []byte("s")
 	bktReady    = []byte("r")
+	bktLeasedBy = []byte("lk")   // idempotency key → the leased message holding it
+	bktHeld     = []byte("h")    // key-prefixed index of held messages
+	bktDone     = []byte("done") // processed keys (package dedup's index)
 	// bktExpiry is a root bucket: every lease in every group by expiry time,
 	// so the leader's sweeper finds expired leases with one seek.
 	bktExpiry = []byte("lease_expiry")
@@ -128,7 +134,7 @@ func Open(tx *bolt.Tx, l *mlog.Log, name string, create bool, now int64) (*Group
 		if b, err = gs.CreateBucket([]byte(name)); err != nil {
 			return nil, fmt.Errorf("create group: %w", err)
 		}
-		for _, n := range [][]byte{bktCursor, bktState, bktReady} {
+		for _, n := range [][]byte{bktCursor, bktState, bktReady, bktLeasedBy, bktHeld} {
 			if _, err := b.CreateBucket(n); err != nil {
 				return nil, err
 			}
@@ -232,12 +238,26 @@ func (g *Group) putRecord(p uint32, off uint64, r record) error {
 	switch r.State {
 	case stateLeased:
 		g.c.InFlight++
+		if r.Key != "" {
+			if err := g.b.Bucket(bktLeasedBy).Put([]byte(r.Key), stateKey(p, off)); err != nil {
+				return err
+			}
+		}
 		return g.tx.Bucket(bktExpiry).Put(expiryKey(r.Until, p, off, g.log.Topic, g.Name), nil)
 	case stateReady:
 		g.c.Ready++
 		return g.b.Bucket(bktReady).Put(timedKey(r.Until, p, off), nil)
+	case stateHeld:
+		g.c.Held++
+		return g.b.Bucket(bktHeld).Put(heldKey(r.Key, p, off), nil)
 	}
 	return nil
+}
+
+func heldKey(key string, p uint32, off uint64) []byte {
+	k := binary.AppendUvarint(nil, uint64(len(key)))
+	k = append(k, key...)
+	return append(k, stateKey(p, off)...)
 }
 
 // dropIndex removes the index entry that r's state keeps and its count.
@@ -246,10 +266,18 @@ func (g *Group) dropIndex(p uint32, off uint64, r record) error {
 	switch r.State {
 	case stateLeased:
 		g.c.InFlight--
+		if r.Key != "" && bytes.Equal(g.b.Bucket(bktLeasedBy).Get([]byte(r.Key)), stateKey(p, off)) {
+			if err := g.b.Bucket(bktLeasedBy).Delete([]byte(r.Key)); err != nil {
+				return err
+			}
+		}
 		return g.tx.Bucket(bktExpiry).Delete(expiryKey(r.Until, p, off, g.log.Topic, g.Name))
 	case stateReady:
 		g.c.Ready--
 		return g.b.Bucket(bktReady).Delete(timedKey(r.Until, p, off))
+	case stateHeld:
+		g.c.Held--
+		return g.b.Bucket(bktHeld).Delete(heldKey(r.Key, p, off))
 	}
 	return nil
 }

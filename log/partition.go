@@ -165,3 +165,21 @@ func (p *Partition) TrimTo(off uint64) (uint64, error) {
 	}
 	return n, p.saveMeta()
 }
+
+// Head returns the due time (0: at once) and idempotency key of the
+// message at off, decoding only the record's head; ok is false when the
+// message is not retained.
+func (p *Partition) Head(off uint64) (deliverAt int64, key string, ok bool, err error) {
+	v := p.msgs.Get(U64Key(off))
+	if v == nil {
+		return 0, "", false, nil
+	}
+	d := Dec{B: v}
+	if ver := d.Byte(); ver != messageVersion && d.Err() == nil {
+		return 0, "", false, fmt.Errorf("%w: message version %d", ErrCorrupt, ver)
+	}
+	d.I64() // published at
+	deliverAt = d.I64()
+	key = d.Str()
+	return deliverAt, key, true, d.Err()
+}

@@ -32,6 +32,8 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (
 		return &Result{}, group.Delete(tx, l, c.Group)
 	case OpTrim:
 		return &Result{}, applyTrim(tx, c)
+	case OpDedupExpire:
+		return &Result{}, applyDedupExpire(tx, c)
 	case OpSetNode:
 		var e mlog.Enc
 		e.Str(c.Node.HTTPAddr)
@@ -50,46 +52,6 @@ func applyDeleteTopic(tx *bolt.Tx, topic string) error {
 		return err
 	}
 	return mlog.DeleteTopic(tx, topic)
-}
-
-// applyPublish appends a batch atomically: every check that can refuse it
-// runs before the first write.
-func applyPublish(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result, error) {
-	l, err := mlog.Open(tx, c.Topic)
-	if err != nil {
-		return nil, err
-	}
-	var size uint64
-	for _, m := range c.Msgs {
-		if err := l.CheckSize(len(m.Msg.Value)); err != nil {
-			return nil, err
-		}
-		size += uint64(len(m.Msg.Value))
-	}
-	trimmed, err := l.MakeRoom(uint64(len(c.Msgs)), size)
-	if err != nil {
-		return nil, err
-	}
-	if err := trimGroups(tx, l, trimmed); err != nil {
-		return nil, err
-	}
-	res := &Result{Published: make([]Published, len(c.Msgs))}
-	for i, m := range c.Msgs {
-		// The leader chose p against the config it saw; partitions only grow.
-		p := m.Partition % l.Cfg.Partitions
-		part, err := l.Partition(p)
-		if err != nil {
-			return nil, err
-		}
-		m.Msg.PublishedAt = c.Now
-		off, err := part.Append(m.Msg)
-		if err != nil {
-			return nil, err
-		}
-		res.Published[i] = Published{Partition: p, Offset: off}
-	}
-	notify[c.Topic] = struct{}{}
-	return res, nil
 }
 
 func trimGroups(tx *bolt.Tx, l *mlog.Log, trimmed []mlog.Trimmed) error {

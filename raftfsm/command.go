@@ -24,12 +24,13 @@ const (
 	OpDeleteGroup
 	OpTrim
 	OpSetNode
+	OpDedupExpire
 	opEnd // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
-		"expire", "put_group", "delete_group", "trim", "set_node"}
+		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -56,7 +57,9 @@ type Command struct {
 	Group    string
 	Patch    mlog.Patch      // OpPutTopic
 	Msgs     []mlog.Placed   // OpPublish
-	Max      uint32          // OpLease
+	Producer string          // OpPublish: Mq-Producer-Id, or ""
+	Seq      uint64          // OpPublish: the first message's producer sequence
+	Max      uint32          // OpLease, OpDedupExpire
 	LeaseMs  int64           // OpLease, OpExtend
 	Receipts []group.Receipt // OpAck, OpExtend
 	Expired  []group.Expired // OpExpire
@@ -80,11 +83,15 @@ func (c *Command) Encode() []byte {
 		e.Str(c.Group)
 	case OpPublish:
 		e.Str(c.Topic)
+		e.Str(c.Producer)
+		e.U64(c.Seq)
 		e.U64(uint64(len(c.Msgs)))
 		for _, m := range c.Msgs {
 			e.U64(uint64(m.Partition))
 			m.Msg.Encode(&e)
 		}
+	case OpDedupExpire:
+		e.U64(uint64(c.Max))
 	case OpLease:
 		e.Str(c.Topic)
 		e.Str(c.Group)
@@ -145,12 +152,16 @@ func DecodeCommand(b []byte) (*Command, error) {
 		c.Topic, c.Group = d.Str(), d.Str()
 	case OpPublish:
 		c.Topic = d.Str()
+		c.Producer = d.Str()
+		c.Seq = d.U64()
 		n := d.Len(9)
 		c.Msgs = make([]mlog.Placed, n)
 		for i := range c.Msgs {
 			c.Msgs[i].Partition = uint32(d.U64())
 			c.Msgs[i].Msg = mlog.DecodeMessage(&d)
 		}
+	case OpDedupExpire:
+		c.Max = uint32(d.U64())
 	case OpLease:
 		c.Topic, c.Group = d.Str(), d.Str()
 		c.Max = uint32(d.U64())

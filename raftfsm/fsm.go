@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -24,12 +25,14 @@ type Result struct {
 	Published  []Published
 	Deliveries []group.Delivery
 	Statuses   []string
+	Expected   uint64 // ErrSeqGap: the producer sequence that must come next
 }
 
 // Published is the placement of one published message.
 type Published struct {
 	Partition uint32
 	Offset    uint64
+	Duplicate bool
 }
 
 var (
@@ -87,6 +90,9 @@ func openDB(path string) (*bolt.DB, error) {
 			}
 		}
 		if err := mlog.Init(tx); err != nil {
+			return err
+		}
+		if err := dedup.Init(tx); err != nil {
 			return err
 		}
 		return group.Init(tx)
@@ -157,7 +163,11 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]st
 	res, err := dispatch(tx, idx, c, notify)
 	if err != nil {
 		if isBusiness(err) {
-			return &Result{Err: err}
+			if res == nil {
+				res = &Result{}
+			}
+			res.Err = err
+			return res
 		}
 		panic(fmt.Sprintf("raftfsm: apply %s at index %d: %v", c.Op, idx, err))
 	}
@@ -166,7 +176,7 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]st
 
 func isBusiness(err error) bool {
 	for _, e := range []error{mlog.ErrTopicNotFound, mlog.ErrTopicFull, mlog.ErrPartitionShrink,
-		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound} {
+		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -17,27 +18,36 @@ const (
 	sweepEvery     = 50 * time.Millisecond
 	retentionEvery = time.Second
 	sweepBatch     = 512
+	// dedupBatch bounds one dedup-expiry command, so that expiry never
+	// stops the world: a large backlog of due keys goes in many commands.
+	dedupBatch = 2048
+	dedupRounds = 16
 )
 
 // Run watches leadership until ctx ends, running the leader loops while
 // this node leads.
 func (n *Node) Run(ctx context.Context) {
-	var stop context.CancelFunc = func() {}
-	defer func() { stop() }()
+	var stop context.CancelFunc
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	ch := n.Raft.LeaderCh()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case lead := <-ch:
-			stop()
-			if !lead {
-				stop = func() {}
-				continue
+			if stop != nil {
+				stop()
+				stop = nil
 			}
-			var lctx context.Context
-			lctx, stop = context.WithCancel(ctx)
-			go n.leaderLoop(lctx)
+			if lead {
+				lctx, cancel := context.WithCancel(ctx)
+				stop = cancel
+				go n.leaderLoop(lctx)
+			}
 		}
 	}
 }
@@ -62,6 +72,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 			n.sweepLeases(ctx)
 		case <-ret.C:
 			n.enforceRetention(ctx)
+			n.expireDedup(ctx)
 		}
 	}
 }
@@ -126,6 +137,29 @@ func (n *Node) enforceRetention(ctx context.Context) {
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose trim", "topic", t, "err", err)
+			return
+		}
+	}
+}
+
+// expireDedup proposes the removal of dedup entries whose window passed,
+// oldest first, a bounded batch per command.
+func (n *Node) expireDedup(ctx context.Context) {
+	for range dedupRounds {
+		now := time.Now().UnixMilli()
+		due := false
+		_ = n.FSM.View(func(tx *bolt.Tx) error {
+			due = dedup.HasDue(tx, now)
+			return nil
+		})
+		if !due || ctx.Err() != nil {
+			return
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := n.Apply(actx, &Command{Op: OpDedupExpire, Now: now, Max: dedupBatch})
+		cancel()
+		if err != nil {
+			n.logger.Warn("propose dedup expiry", "err", err)
 			return
 		}
 	}

@@ -17,13 +17,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Sentinel errors of the node.
-var (
-	ErrNotLeader = errors.New("not the leader")
-	ErrNoQuorum  = errors.New("no quorum: the write could not be committed in time")
-	ErrShutdown  = errors.New("node is shutting down")
-)
-
 // Config configures a node.
 type Config struct {
 	ID                string
@@ -243,7 +236,28 @@ func (n *Node) Ready() bool {
 	if _, _, ok := n.Leader(); !ok {
 		return false
 	}
-	return n.FSM.AppliedIndex() >= n.Raft.CommitIndex()
+	return n.caughtUp()
+}
+
+// caughtUp reports whether the FSM has applied every committed entry. The
+// FSM only sees commands and configurations, so entries after the last one
+// it applied count as applied when raft has handed them on and none of them
+// is a command.
+func (n *Node) caughtUp() bool {
+	commit, fsm := n.Raft.CommitIndex(), n.FSM.AppliedIndex()
+	if fsm >= commit {
+		return true
+	}
+	if n.Raft.AppliedIndex() < commit || commit-fsm > 64 {
+		return false
+	}
+	var l raft.Log
+	for i := fsm + 1; i <= commit; i++ {
+		if err := n.logStore.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+			return false
+		}
+	}
+	return true
 }
 
 // Shutdown hands leadership off if leader, then stops raft and closes the
