@@ -20,7 +20,7 @@ const (
 	sweepBatch     = 512
 	// dedupBatch bounds one dedup-expiry command, so that expiry never
 	// stops the world: a large backlog of due keys goes in many commands.
-	dedupBatch = 2048
+	dedupBatch  = 2048
 	dedupRounds = 16
 )
 
