@@ -205,7 +205,7 @@ func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) er
 		idx = append(idx, i)
 	}
 	if len(cmd.Receipts) > 0 {
-		res, err := s.node.Apply(r.ctx, cmd)
+		res, err := s.node.ApplyBatched(r.ctx, cmd)
 		if errors.Is(err, group.ErrGroupNotFound) {
 			res, err = &raftfsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
 		}

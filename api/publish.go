@@ -129,7 +129,7 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 		cmd.Msgs[i] = mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}
 	}
 	start := nowMs()
-	res, err := s.node.Apply(r.ctx, cmd)
+	res, err := s.node.ApplyBatched(r.ctx, cmd)
 	s.metrics.commit(nowMs()-start, err)
 	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))

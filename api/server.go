@@ -16,6 +16,7 @@ import (
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 )
 
 // Limits of the HTTP layer.
@@ -136,6 +137,9 @@ func (s *Server) match(ctx *fasthttp.RequestCtx) (*route, error) {
 		return only("POST", s.join, true)
 	case "/v1/topics", "/v1/topics/":
 		return only("GET", s.listTopics, true)
+	}
+	if strings.HasPrefix(path, "/debug/pprof/") {
+		return only(m, func(ctx *fasthttp.RequestCtx, _ *route) error { pprofhandler.PprofHandler(ctx); return nil }, false)
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/topics/")
 	if !ok {

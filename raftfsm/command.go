@@ -25,12 +25,13 @@ const (
 	OpTrim
 	OpSetNode
 	OpDedupExpire
+	OpMulti
 	opEnd // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
-		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire"}
+		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -64,6 +65,7 @@ type Command struct {
 	Receipts []group.Receipt // OpAck, OpExtend
 	Expired  []group.Expired // OpExpire
 	Node     NodeInfo        // OpSetNode
+	Batch    []*Command      // OpMulti: independent commands in one log entry
 }
 
 // Encode renders the command in the versioned binary encoding.
@@ -92,6 +94,11 @@ func (c *Command) Encode() []byte {
 		}
 	case OpDedupExpire:
 		e.U64(uint64(c.Max))
+	case OpMulti:
+		e.U64(uint64(len(c.Batch)))
+		for _, sub := range c.Batch {
+			e.Bytes(sub.Encode())
+		}
 	case OpLease:
 		e.Str(c.Topic)
 		e.Str(c.Group)
@@ -162,6 +169,19 @@ func DecodeCommand(b []byte) (*Command, error) {
 		}
 	case OpDedupExpire:
 		c.Max = uint32(d.U64())
+	case OpMulti:
+		n := d.Len(4)
+		c.Batch = make([]*Command, n)
+		for i := range c.Batch {
+			sub, err := DecodeCommand(d.Bytes())
+			if err == nil && sub.Op == OpMulti {
+				err = fmt.Errorf("%w: nested multi command", mlog.ErrCorrupt)
+			}
+			if err != nil {
+				return nil, err
+			}
+			c.Batch[i] = sub
+		}
 	case OpLease:
 		c.Topic, c.Group = d.Str(), d.Str()
 		c.Max = uint32(d.U64())

@@ -25,7 +25,8 @@ type Result struct {
 	Published  []Published
 	Deliveries []group.Delivery
 	Statuses   []string
-	Expected   uint64 // ErrSeqGap: the producer sequence that must come next
+	Expected   uint64    // ErrSeqGap: the producer sequence that must come next
+	Multi      []*Result // OpMulti: one result per command
 }
 
 // Published is the placement of one published message.
@@ -160,6 +161,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // are detected before anything is written, so a failed command changes
 // nothing; any other error is a storage failure and stops the node.
 func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) *Result {
+	if c.Op == OpMulti {
+		res := &Result{Multi: make([]*Result, len(c.Batch))}
+		for i, sub := range c.Batch {
+			res.Multi[i] = f.applyOne(tx, idx, sub, notify)
+		}
+		return res
+	}
 	res, err := dispatch(tx, idx, c, notify)
 	if err != nil {
 		if isBusiness(err) {

@@ -33,6 +33,7 @@ func (n *Node) Run(ctx context.Context) {
 			stop()
 		}
 	}()
+	go n.batch.run(ctx)
 	ch := n.Raft.LeaderCh()
 	for {
 		select {

@@ -66,6 +66,7 @@ type Node struct {
 	hadState  bool
 	logger    *slog.Logger
 	stopLoops context.CancelFunc
+	batch     *batcher
 }
 
 // Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
@@ -79,6 +80,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger}
+	n.batch = newBatcher(n)
 	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
 	if err != nil {
 		return nil, err
