@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -140,11 +141,8 @@ func (s *Server) readDeliveries(r *route, cfg mlog.Config, ds []group.Delivery) 
 				Receipt:        group.Receipt{Partition: d.Partition, Offset: d.Offset, Delivery: d.Delivery}.Encode(r.topic, r.group),
 				ValueB64:       base64.StdEncoding.EncodeToString(m.Value),
 				IdempotencyKey: m.IdempotencyKey, RetryCount: d.RetryCount, MaxRetry: maxRetry,
-				PublishedAt: time.UnixMilli(m.PublishedAt).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
-				Attrs:       make(map[string]string, len(m.Attrs)),
-			}
-			for _, a := range m.Attrs {
-				fm.Attrs[a.Name] = a.Value
+				PublishedAt: rfc3339ms(m.PublishedAt),
+				Attrs:       attrsMap(m.Attrs), RejectReason: d.Reason,
 			}
 			out = append(out, fm)
 		}
@@ -171,15 +169,11 @@ func (s *Server) extend(ctx *fasthttp.RequestCtx, r *route) error {
 	return s.receiptOp(ctx, r, raftfsm.OpExtend)
 }
 
-// receiptOp runs ack or extend: malformed receipts are answered "invalid"
-// at once, the rest go to the FSM in one command.
+// receiptOp runs ack or extend.
 func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) error {
 	var b receiptsBody
 	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
 		return err
-	}
-	if len(b.Receipts) == 0 || len(b.Receipts) > maxReceipts {
-		return fmt.Errorf("%w: receipts must hold 1..%d receipts", ErrBadRequest, maxReceipts)
 	}
 	cmd := &raftfsm.Command{Op: op, Now: nowMs(), Topic: r.topic, Group: r.group}
 	switch {
@@ -193,9 +187,18 @@ func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) er
 	case b.LeaseMs != nil:
 		return fmt.Errorf("%w: unknown field \"lease_ms\" for ack", ErrBadRequest)
 	}
-	out := make([]receiptResult, len(b.Receipts))
+	return s.runReceipts(ctx, r, cmd, b.Receipts)
+}
+
+// runReceipts runs ack, extend or nack: malformed receipts are answered
+// "invalid" at once, the rest go to the FSM in one command.
+func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *raftfsm.Command, receipts []string) error {
+	if len(receipts) == 0 || len(receipts) > maxReceipts {
+		return fmt.Errorf("%w: receipts must hold 1..%d receipts", ErrBadRequest, maxReceipts)
+	}
+	out := make([]receiptResult, len(receipts))
 	var idx []int
-	for i, rs := range b.Receipts {
+	for i, rs := range receipts {
 		out[i] = receiptResult{Receipt: rs, Status: group.StatusInvalid}
 		rc, err := group.ParseReceipt(rs, r.topic, r.group)
 		if err != nil {
@@ -203,6 +206,12 @@ func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) er
 		}
 		cmd.Receipts = append(cmd.Receipts, rc)
 		idx = append(idx, i)
+	}
+	if cmd.Op == raftfsm.OpNack {
+		cmd.Rands = make([]uint32, len(cmd.Receipts))
+		for i := range cmd.Rands {
+			cmd.Rands[i] = rand.Uint32()
+		}
 	}
 	if len(cmd.Receipts) > 0 {
 		res, err := s.node.ApplyBatched(r.ctx, cmd)
@@ -215,9 +224,7 @@ func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) er
 		for j, i := range idx {
 			out[i].Status = res.Statuses[j]
 		}
-		if op == raftfsm.OpAck {
-			s.metrics.countAcks(res.Statuses)
-		}
+		s.metrics.countReceipts(cmd.Op.String(), res.Statuses)
 	}
 	writeJSON(ctx, 200, map[string]any{"results": out})
 	return nil

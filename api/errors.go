@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -34,6 +35,7 @@ func classify(err error) apiError {
 	}{
 		{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
 		{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
+		{dlq.ErrNotFound, apiError{404, "dead_letter_not_found"}},
 		{ErrNotFound, apiError{404, "not_found"}},
 		{ErrMethod, apiError{405, "method_not_allowed"}},
 		{mlog.ErrInvalidName, apiError{400, "invalid_name"}},

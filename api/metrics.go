@@ -4,7 +4,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -30,8 +29,8 @@ func newMetrics(s *Server) *metrics {
 		Help: "Messages published through this node while it led."})
 	m.dedupHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_publish_duplicates_total",
 		Help: "Publishes answered as duplicates (idempotency key or producer sequence)."})
-	m.acks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_ack_results_total",
-		Help: "Ack receipts by result (ok, stale, invalid)."}, []string{"status"})
+	m.acks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_receipts_total",
+		Help: "Receipts of ack, nack and extend by operation and result (ok, stale, invalid)."}, []string{"op", "status"})
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_http_requests_total",
 		Help: "HTTP requests by status code."}, []string{"code"})
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
@@ -48,9 +47,9 @@ func (m *metrics) commit(ms int64, err error) {
 	}
 }
 
-func (m *metrics) countAcks(statuses []string) {
+func (m *metrics) countReceipts(op string, statuses []string) {
 	for _, st := range statuses {
-		m.acks.WithLabelValues(st).Inc()
+		m.acks.WithLabelValues(op, st).Inc()
 	}
 }
 
@@ -101,5 +100,3 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return nil
 	})
 }
-
-var _ = group.StatusOK

@@ -175,6 +175,9 @@ func (s *Server) match(ctx *fasthttp.RequestCtx) (*route, error) {
 			return nil, fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.group)
 		}
 		h, want = s.groupRoute(parts[3:], m)
+		if len(parts) == 5 && parts[3] == "dlq" {
+			r.dlqID = parts[4] // DELETE .../dlq/{id}
+		}
 	}
 	if h == nil {
 		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, m, path)
@@ -195,6 +198,17 @@ func (s *Server) groupRoute(rest []string, m string) (func(*fasthttp.RequestCtx,
 			return s.putGroup, "PUT"
 		}
 	}
+	if rest[0] == "dlq" {
+		switch {
+		case len(rest) == 1:
+			return s.listDeadLetters, "GET"
+		case len(rest) == 2 && rest[1] == "replay":
+			return s.replayDeadLetters, "POST"
+		case len(rest) == 2:
+			return s.deleteDeadLetter, "DELETE"
+		}
+		return nil, ""
+	}
 	if len(rest) != 1 {
 		return nil, ""
 	}
@@ -203,6 +217,8 @@ func (s *Server) groupRoute(rest []string, m string) (func(*fasthttp.RequestCtx,
 		return s.fetch, "POST"
 	case "ack":
 		return s.ack, "POST"
+	case "nack":
+		return s.nack, "POST"
 	case "extend":
 		return s.extend, "POST"
 	}

@@ -14,6 +14,7 @@ type Delivery struct {
 	Offset     uint64
 	RetryCount uint32
 	Delivery   uint64
+	Reason     string // the latest failure's reason, for reject_reason
 }
 
 // maxScan bounds how many messages one lease may pass over (delayed, held
@@ -145,10 +146,12 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 		}
 		return g.putRecord(p, off, r)
 	}
-	var retry uint32
+	// A redelivery keeps its retry count, last reason and history.
+	var carry record
 	if old != nil {
-		retry = old.RetryCount
+		carry = record{RetryCount: old.RetryCount, Reason: old.Reason, History: old.History}
 	}
+	retry := carry.RetryCount
 	switch {
 	case !ok: // trimmed meanwhile
 		if old != nil {
@@ -164,12 +167,13 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 		}
 		return nil
 	case key != "" && g.leasedByOther(key, p, off):
-		return set(record{State: stateHeld, RetryCount: retry, Key: key})
+		return set(record{State: stateHeld, RetryCount: retry, Key: key, Reason: carry.Reason, History: carry.History})
 	}
-	if err := set(record{State: stateLeased, RetryCount: retry, Delivery: lz.idx, Until: lz.until, Key: key}); err != nil {
+	if err := set(record{State: stateLeased, RetryCount: retry, Delivery: lz.idx, Until: lz.until, Key: key,
+		Reason: carry.Reason, History: carry.History}); err != nil {
 		return err
 	}
-	lz.out = append(lz.out, Delivery{p, off, retry, lz.idx})
+	lz.out = append(lz.out, Delivery{Partition: p, Offset: off, RetryCount: retry, Delivery: lz.idx, Reason: carry.Reason})
 	return nil
 }
 
@@ -250,46 +254,10 @@ func (g *Group) Extend(now, leaseMs int64, idx uint64, receipts []Receipt) ([]st
 	return out, g.Save()
 }
 
-// Release makes leased messages deliverable again at due (a retryable
-// failure: lease expiry or nack), counting one more retry.
-func (g *Group) Release(now, due int64, idx uint64, receipts []Receipt) ([]string, error) {
-	out := make([]string, len(receipts))
-	for i, r := range receipts {
-		rec, st, err := g.check(now, r, idx)
-		if err != nil {
-			return nil, err
-		}
-		if st == StatusOK {
-			nr := record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: due, Key: rec.Key}
-			if err := g.replace(r.Partition, r.Offset, rec, nr); err != nil {
-				return nil, err
-			}
-			if err := g.releaseHeld(rec.Key, now, false); err != nil {
-				return nil, err
-			}
-		}
-		out[i] = st
-	}
-	return out, g.Save()
-}
-
 // Expired is a lease whose expiry has passed, found by DueLeases.
 type Expired struct {
 	Topic, Group string
 	Receipt
-}
-
-// ExpireLease makes an expired lease deliverable again (retry_count + 1).
-// A lease that was acked, extended or re-leased since is left alone.
-func (g *Group) ExpireLease(now int64, r Receipt) error {
-	rec, ok, err := g.getRecord(r.Partition, r.Offset)
-	if err != nil || !ok || rec.State != stateLeased || rec.Delivery != r.Delivery || rec.Until > now {
-		return err
-	}
-	if err := g.replace(r.Partition, r.Offset, rec, record{State: stateReady, RetryCount: rec.RetryCount + 1, Until: now, Key: rec.Key}); err != nil {
-		return err
-	}
-	return g.releaseHeld(rec.Key, now, false)
 }
 
 // DueLeases lists up to limit leases, over all groups, whose expiry is at
@@ -374,11 +342,15 @@ type Stats struct {
 	DLQ               uint64 `json:"dlq"`
 	Acked             uint64 `json:"acked"`
 	DuplicatesSkipped uint64 `json:"duplicates_skipped"`
+	ReplayPending     uint64 `json:"replay_pending"`
 }
 
 // Stats computes the group's figures at time now.
 func (g *Group) Stats(now int64) (Stats, error) {
 	s := Stats{InFlight: g.c.InFlight, Acked: g.c.Acked, DuplicatesSkipped: g.c.DupSkipped}
+	if store, err := g.DeadLetters(); err == nil {
+		s.DLQ, s.ReplayPending = store.Count(), store.ReplayPending()
+	}
 	for i := uint32(0); i < g.log.Cfg.Partitions; i++ {
 		next, err := g.cursor(i)
 		if err != nil {

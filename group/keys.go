@@ -83,7 +83,9 @@ func (g *Group) releaseHeld(key string, now int64, asDuplicates bool) error {
 			}
 			continue
 		}
-		if err := g.replace(p, off, r, record{State: stateReady, RetryCount: r.RetryCount, Until: now, Key: key}); err != nil {
+		nr := r
+		nr.State, nr.Until = stateReady, now
+		if err := g.replace(p, off, r, nr); err != nil {
 			return err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mqd/mqd/dlq"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
@@ -20,6 +21,7 @@ const (
 	stateLeased byte = 1 // in flight until Until
 	stateReady  byte = 2 // deliverable again from Until
 	stateHeld   byte = 3 // waiting while another message with its key is leased
+	stateDead   byte = 4 // in the dead-letter store (keeps retention from trimming it)
 )
 
 type record struct {
@@ -28,6 +30,8 @@ type record struct {
 	Delivery   uint64 // raft index of the lease that delivered it
 	Until      int64  // leased: lease expiry; ready: due time (unix ms)
 	Key        string // the message's idempotency key
+	Reason     string // the latest failure's reason
+	History    []dlq.Failure
 }
 
 func (r record) encode() []byte {
@@ -37,12 +41,15 @@ func (r record) encode() []byte {
 	e.U64(r.Delivery)
 	e.I64(r.Until)
 	e.Str(r.Key)
+	e.Str(r.Reason)
+	dlq.EncodeHistory(&e, r.History)
 	return e.B
 }
 
 func decodeRecord(b []byte) (record, error) {
 	d := mlog.Dec{B: b}
-	r := record{State: d.Byte(), RetryCount: uint32(d.U64()), Delivery: d.U64(), Until: d.I64(), Key: d.Str()}
+	r := record{State: d.Byte(), RetryCount: uint32(d.U64()), Delivery: d.U64(), Until: d.I64(), Key: d.Str(), Reason: d.Str()}
+	r.History = dlq.DecodeHistory(&d)
 	return r, d.Err()
 }
 

@@ -1,6 +1,9 @@
 package raftfsm
 
 import (
+	"fmt"
+
+	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -32,6 +35,10 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (
 		return &Result{}, group.Delete(tx, l, c.Group)
 	case OpTrim:
 		return &Result{}, applyTrim(tx, c)
+	case OpNack:
+		return applyNack(tx, idx, c, notify)
+	case OpReplay, OpReplayStep, OpDeleteDeadLetter:
+		return applyDeadLetters(tx, c, notify)
 	case OpDedupExpire:
 		return &Result{}, applyDedupExpire(tx, c)
 	case OpSetNode:
@@ -107,7 +114,7 @@ func applyReceipts(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
 }
 
 func applyExpire(tx *bolt.Tx, c *Command, notify map[string]struct{}) error {
-	for _, x := range c.Expired {
+	for i, x := range c.Expired {
 		l, err := mlog.Open(tx, x.Topic)
 		if err != nil {
 			continue // deleted since the leader looked
@@ -116,15 +123,74 @@ func applyExpire(tx *bolt.Tx, c *Command, notify map[string]struct{}) error {
 		if err != nil {
 			continue
 		}
-		if err := g.ExpireLease(c.Now, x.Receipt); err != nil {
-			return err
-		}
-		if err := g.Save(); err != nil {
+		f := group.Failure{Failure: dlq.Failure{At: c.Now, Node: c.NodeID}, Rand: randAt(c.Rands, i)}
+		if err := g.ExpireLease(x.Receipt, f); err != nil {
 			return err
 		}
 		notify[x.Topic] = struct{}{}
 	}
 	return nil
+}
+
+func randAt(rs []uint32, i int) uint32 {
+	if i < len(rs) {
+		return rs[i]
+	}
+	return 0
+}
+
+func applyNack(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (*Result, error) {
+	g, err := openGroup(tx, c)
+	if err != nil {
+		return nil, err
+	}
+	kind := dlq.KindNack
+	if !c.Retryable {
+		kind = dlq.KindRejected
+	}
+	fs := make([]group.Failure, len(c.Receipts))
+	for i := range fs {
+		fs[i] = group.Failure{Failure: dlq.Failure{At: c.Now, Kind: kind, Reason: c.Reason, Node: c.NodeID},
+			Retryable: c.Retryable, DelayMs: c.DelayMs, Rand: randAt(c.Rands, i)}
+	}
+	st, err := g.Nack(c.Now, idx, c.Receipts, fs)
+	notify[c.Topic] = struct{}{}
+	return &Result{Statuses: st}, err
+}
+
+func openGroup(tx *bolt.Tx, c *Command) (*group.Group, error) {
+	l, err := mlog.Open(tx, c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	return group.Open(tx, l, c.Group, false, c.Now)
+}
+
+func applyDeadLetters(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result, error) {
+	g, err := openGroup(tx, c)
+	if err != nil {
+		return nil, err
+	}
+	switch c.Op {
+	case OpReplay:
+		store, err := g.DeadLetters()
+		if err != nil {
+			return nil, err
+		}
+		n, err := store.QueueReplay(c.IDs, c.All, c.Rate)
+		return &Result{Accepted: n}, err
+	case OpReplayStep:
+		n, err := g.ReplayStep(c.Now, int(c.Max))
+		if n > 0 {
+			notify[c.Topic] = struct{}{}
+		}
+		return &Result{Accepted: uint64(n)}, err
+	default: // OpDeleteDeadLetter
+		if len(c.IDs) != 1 {
+			return nil, fmt.Errorf("%w: delete takes one id", mlog.ErrCorrupt)
+		}
+		return &Result{}, g.DeleteDeadLetter(c.IDs[0])
+	}
 }
 
 func applyPutGroup(tx *bolt.Tx, c *Command) (*Result, error) {

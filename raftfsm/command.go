@@ -26,12 +26,17 @@ const (
 	OpSetNode
 	OpDedupExpire
 	OpMulti
+	OpNack
+	OpReplay
+	OpReplayStep
+	OpDeleteDeadLetter
 	opEnd // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
-		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi"}
+		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi",
+		"nack", "replay", "replay_step", "delete_dead_letter"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -66,6 +71,16 @@ type Command struct {
 	Expired  []group.Expired // OpExpire
 	Node     NodeInfo        // OpSetNode
 	Batch    []*Command      // OpMulti: independent commands in one log entry
+	// Failures (OpNack, OpExpire): the leader's id for the history, a
+	// random number per receipt for the jitter, and the nack's details.
+	NodeID    string
+	Rands     []uint32
+	Reason    string
+	Retryable bool
+	DelayMs   int64    // -1: computed backoff
+	IDs       []uint64 // OpReplay, OpDeleteDeadLetter: dead-letter ids
+	All       bool     // OpReplay
+	Rate      uint64   // OpReplay: letters per second
 }
 
 // Encode renders the command in the versioned binary encoding.
@@ -116,12 +131,52 @@ func (c *Command) Encode() []byte {
 			e.Str(x.Group)
 			encodeReceipts(&e, []group.Receipt{x.Receipt})
 		}
+		e.Str(c.NodeID)
+		encodeRands(&e, c.Rands)
+	case OpNack:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+		encodeReceipts(&e, c.Receipts)
+		e.Str(c.NodeID)
+		encodeRands(&e, c.Rands)
+		e.Str(c.Reason)
+		e.Bool(c.Retryable)
+		e.I64(c.DelayMs)
+	case OpReplay, OpReplayStep, OpDeleteDeadLetter:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+		e.U64(uint64(len(c.IDs)))
+		for _, id := range c.IDs {
+			e.U64(id)
+		}
+		e.Bool(c.All)
+		e.U64(c.Rate)
+		e.U64(uint64(c.Max))
 	case OpSetNode:
 		e.Str(c.Node.ID)
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)
 	}
 	return e.B
+}
+
+func encodeRands(e *mlog.Enc, rs []uint32) {
+	e.U64(uint64(len(rs)))
+	for _, r := range rs {
+		e.U64(uint64(r))
+	}
+}
+
+func decodeRands(d *mlog.Dec) []uint32 {
+	n := d.Len(1)
+	if n == 0 {
+		return nil
+	}
+	rs := make([]uint32, n)
+	for i := range rs {
+		rs[i] = uint32(d.U64())
+	}
+	return rs
 }
 
 func encodeReceipts(e *mlog.Enc, rs []group.Receipt) {
@@ -202,6 +257,28 @@ func DecodeCommand(b []byte) (*Command, error) {
 				return nil, fmt.Errorf("%w: expire item with %d receipts", mlog.ErrCorrupt, len(rs))
 			}
 		}
+		c.NodeID = d.Str()
+		c.Rands = decodeRands(&d)
+	case OpNack:
+		c.Topic, c.Group = d.Str(), d.Str()
+		c.Receipts = decodeReceipts(&d)
+		c.NodeID = d.Str()
+		c.Rands = decodeRands(&d)
+		c.Reason = d.Str()
+		c.Retryable = d.Bool()
+		c.DelayMs = d.I64()
+	case OpReplay, OpReplayStep, OpDeleteDeadLetter:
+		c.Topic, c.Group = d.Str(), d.Str()
+		n := d.Len(1)
+		if n > 0 {
+			c.IDs = make([]uint64, n)
+			for i := range c.IDs {
+				c.IDs[i] = d.U64()
+			}
+		}
+		c.All = d.Bool()
+		c.Rate = d.U64()
+		c.Max = uint32(d.U64())
 	case OpSetNode:
 		c.Node = NodeInfo{ID: d.Str(), HTTPAddr: d.Str(), RaftAddr: d.Str()}
 	default:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/dedup"
+	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -27,6 +28,7 @@ type Result struct {
 	Statuses   []string
 	Expected   uint64    // ErrSeqGap: the producer sequence that must come next
 	Multi      []*Result // OpMulti: one result per command
+	Accepted   uint64    // OpReplay, OpReplayStep: letters queued or replayed
 }
 
 // Published is the placement of one published message.
@@ -184,7 +186,7 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]st
 
 func isBusiness(err error) bool {
 	for _, e := range []error{mlog.ErrTopicNotFound, mlog.ErrTopicFull, mlog.ErrPartitionShrink,
-		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld} {
+		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld, dlq.ErrNotFound} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	"github.com/mqd/mqd/dedup"
@@ -18,6 +19,7 @@ const (
 	sweepEvery     = 50 * time.Millisecond
 	retentionEvery = time.Second
 	sweepBatch     = 512
+	replayEvery    = 100 * time.Millisecond
 	// dedupBatch bounds one dedup-expiry command, so that expiry never
 	// stops the world: a large backlog of due keys goes in many commands.
 	dedupBatch  = 2048
@@ -65,6 +67,9 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)
 	defer ret.Stop()
+	replay := time.NewTicker(replayEvery)
+	defer replay.Stop()
+	pacer := map[string]*replayPacer{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -74,6 +79,8 @@ func (n *Node) leaderLoop(ctx context.Context) {
 		case <-ret.C:
 			n.enforceRetention(ctx)
 			n.expireDedup(ctx)
+		case <-replay.C:
+			n.paceReplays(ctx, pacer)
 		}
 	}
 }
@@ -96,7 +103,7 @@ func (n *Node) sweepLeases(ctx context.Context) {
 			return
 		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = n.Apply(actx, &Command{Op: OpExpire, Now: now, Expired: due})
+		_, err = n.Apply(actx, &Command{Op: OpExpire, Now: now, Expired: due, NodeID: n.cfg.ID, Rands: draw(len(due))})
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose lease expiry", "err", err)
@@ -162,6 +169,80 @@ func (n *Node) expireDedup(ctx context.Context) {
 		if err != nil {
 			n.logger.Warn("propose dedup expiry", "err", err)
 			return
+		}
+	}
+}
+
+// draw returns n random numbers for jitter; the FSM scales them.
+func draw(n int) []uint32 {
+	rs := make([]uint32, n)
+	for i := range rs {
+		rs[i] = rand.Uint32()
+	}
+	return rs
+}
+
+// replayPacer is a token bucket for one group's dead-letter replay.
+type replayPacer struct {
+	last   time.Time
+	tokens float64
+}
+
+// paceReplays moves queued dead letters back into delivery at each
+// replay's rate: the queue is replicated state, the pacing is the leader's
+// (a new leader picks the replay up where the log says it is).
+func (n *Node) paceReplays(ctx context.Context, pacers map[string]*replayPacer) {
+	type job struct {
+		topic, group string
+		rate         uint64
+	}
+	var jobs []job
+	_ = n.FSM.View(func(tx *bolt.Tx) error {
+		for _, t := range mlog.Topics(tx) {
+			l, err := mlog.Open(tx, t)
+			if err != nil {
+				return err
+			}
+			for _, gname := range group.Names(l) {
+				g, err := group.Open(tx, l, gname, false, 0)
+				if err != nil {
+					return err
+				}
+				if store, err := g.DeadLetters(); err == nil && store.ReplayRate() > 0 {
+					jobs = append(jobs, job{t, gname, store.ReplayRate()})
+				}
+			}
+		}
+		return nil
+	})
+	now := time.Now()
+	active := map[string]bool{}
+	for _, j := range jobs {
+		key := j.topic + "\x00" + j.group
+		active[key] = true
+		p := pacers[key]
+		if p == nil {
+			p = &replayPacer{last: now}
+			pacers[key] = p
+		}
+		p.tokens = min(p.tokens+now.Sub(p.last).Seconds()*float64(j.rate), max(float64(j.rate)/5, 1))
+		p.last = now
+		if p.tokens < 1 {
+			continue
+		}
+		step := int(p.tokens)
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := n.Apply(actx, &Command{Op: OpReplayStep, Now: now.UnixMilli(), Topic: j.topic, Group: j.group, Max: uint32(step)})
+		cancel()
+		if err != nil {
+			n.logger.Warn("propose replay step", "topic", j.topic, "group", j.group, "err", err)
+			return
+		}
+		p.tokens -= float64(step)
+	}
+	for k := range pacers {
+		if !active[k] {
+			delete(pacers, k)
 		}
 	}
 }
