@@ -324,3 +324,55 @@ func TestGracefulStop(t *testing.T) {
 		t.Fatalf("cluster not ready after restarting the stopped nodes: %v", err)
 	}
 }
+
+// SIGSTOP the leader (it keeps its sockets but goes silent): the others elect
+// a new leader and take writes; after SIGCONT the old leader follows the new
+// one and serves every acknowledged message.
+func TestPausedLeader(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	leader, fs := mustRoles(t, c)
+	const topic = "paused"
+	mustTopic(t, leader, topic, nil)
+	want := map[string]bool{"before": true}
+	mustPublish(t, fs[0], topic, "before", nil)
+
+	leader.Pause()
+	newLeader, err := c.Leader(ctxFor(t, 20*time.Second))
+	if err != nil {
+		leader.Resume()
+		t.Fatalf("no new leader while %s is paused: %v", leader, err)
+	}
+	ctx := ctxFor(t, 60*time.Second)
+	for i := range 20 {
+		p := fmt.Sprintf("during-%02d", i)
+		if _, err := publishRetry(ctx, fs, topic, p); err != nil {
+			leader.Resume()
+			t.Fatalf("publish while the old leader is paused: %v", err)
+		}
+		want[p] = true
+	}
+	leader.Resume()
+	l, err := c.WaitReady(ctxFor(t, 30*time.Second))
+	if err != nil {
+		t.Fatalf("cluster not ready after resuming %s: %v", leader, err)
+	}
+	t.Logf("paused %s; %s took over; leader after resume: %s", leader, newLeader, l)
+	msgs, err := drain(ctx, leader, topic, "g", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := values(t, distinctByPosition(msgs))
+	seen := map[string]bool{}
+	for _, v := range got {
+		if !want[v] {
+			t.Errorf("consumed %q, which was never published", v)
+		}
+		seen[v] = true
+	}
+	for p := range want {
+		if !seen[p] {
+			t.Errorf("acknowledged publish %q not served by the resumed old leader", p)
+		}
+	}
+}

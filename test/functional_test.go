@@ -187,6 +187,14 @@ func testConsumerGroups(t *testing.T, c *tc.Cluster) {
 	const topic = "groups"
 	const n = 20
 	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	// Create the groups ahead: with retention_ms 0 a message is kept only
+	// until every existing group has acked it.
+	for _, g := range []string{"A", "B", "C"} {
+		r, err := fs[0].Do(ctx, http.MethodPut, "/v1/topics/"+topic+"/groups/"+g, map[string]any{}, nil)
+		if err != nil || r.Status/100 != 2 {
+			t.Fatalf("PUT group %s: %v %v", g, r, err)
+		}
+	}
 	want := map[string]bool{}
 	for i := range n {
 		p := fmt.Sprintf("m-%02d", i)

@@ -46,17 +46,23 @@ func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every node takes a snapshot.
+	// Every node takes a snapshot that covers most of the publishes (more
+	// than 100 entries behind is over the threshold and must be snapshotted).
+	lci, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSnap := lci.AppliedIndex - 100
 	snapCtx := ctxFor(t, 30*time.Second)
 	for _, n := range c.Nodes() {
 		for {
 			ci, err := n.Cluster(snapCtx)
-			if err == nil && ci.LastSnapshotIndex > 0 {
+			if err == nil && ci.LastSnapshotIndex > 0 && ci.LastSnapshotIndex >= wantSnap {
 				break
 			}
 			if snapCtx.Err() != nil {
-				t.Fatalf("node %s: no snapshot within 30 s of %d publishes with --snapshot-threshold 100 --snapshot-interval 1s: %+v %v",
-					n, total, ci, err)
+				t.Fatalf("node %s: no snapshot at index >= %d within 30 s of %d publishes (applied index %d) with --snapshot-threshold 100 --snapshot-interval 1s: %+v %v",
+					n, wantSnap, total, lci.AppliedIndex, ci, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -69,7 +75,7 @@ func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 	if err := f.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("wiped follower %s not ready: %v", f, err)
 	}
-	lci, err := leader.Cluster(ctx)
+	lci, err = leader.Cluster(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

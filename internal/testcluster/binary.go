@@ -20,6 +20,11 @@ var (
 // Binary returns the path of an mqd binary built from this repository's
 // ./cmd/mqd. The build happens once per test process; later calls reuse it.
 // Setting MQD_TEST_BINARY uses that prebuilt binary instead.
+//
+// The built file is named "brokertest" in a "systest-bin-*" directory, on
+// purpose without "mqd" in its path: a developer's `pkill mqd` (or
+// `pkill -f mqd`) aimed at a hand-started cluster then leaves test clusters
+// alone.
 func Binary(tb testing.TB) string {
 	tb.Helper()
 	buildOnce.Do(build)
@@ -49,13 +54,13 @@ func build() {
 		buildErr = err
 		return
 	}
-	dir, err := os.MkdirTemp("", "mqd-testbin-")
+	dir, err := os.MkdirTemp("", "systest-bin-")
 	if err != nil {
 		buildErr = err
 		return
 	}
 	buildDir = dir
-	out := filepath.Join(dir, "mqd")
+	out := filepath.Join(dir, "brokertest")
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/mqd")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {

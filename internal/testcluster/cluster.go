@@ -194,7 +194,7 @@ func (c *Cluster) leaderOnce(ctx context.Context) (*Node, string) {
 func describeViews(views map[*Node]ClusterInfo) string {
 	var parts []string
 	for n, ci := range views {
-		parts = append(parts, fmt.Sprintf("%s->%q(applied %d)", n.id, ci.LeaderID(), ci.AppliedIndex))
+		parts = append(parts, fmt.Sprintf("%s: leader %q applied %d commit %d", n.id, ci.LeaderID(), ci.AppliedIndex, ci.CommitIndex))
 	}
 	if len(parts) == 0 {
 		return "no node answered"
@@ -258,24 +258,26 @@ func (c *Cluster) WaitReady(ctx context.Context) (*Node, error) {
 }
 
 func (c *Cluster) readyOnce(ctx context.Context) (*Node, string) {
-	for _, n := range c.nodes {
-		if err := n.crashed(); err != nil {
-			return nil, err.Error()
-		}
-	}
 	live := c.Live()
 	if len(live) == 0 {
 		return nil, "no live node"
 	}
+	var notReady []string
 	for _, n := range live {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ok := n.Ready(rctx)
+		r, err := n.Do(rctx, "GET", "/readyz", nil, nil)
 		cancel()
-		if !ok {
-			return nil, fmt.Sprintf("node %s: /readyz not 200", n.id)
+		switch {
+		case err != nil:
+			notReady = append(notReady, fmt.Sprintf("%s: /readyz: %v", n.id, err))
+		case r.Status != 200:
+			notReady = append(notReady, fmt.Sprintf("%s: /readyz %d %s", n.id, r.Status, truncate(r.Body, 200)))
 		}
 	}
 	views := c.views(ctx)
+	if len(notReady) > 0 {
+		return nil, strings.Join(notReady, "; ") + "; " + describeViews(views)
+	}
 	var leader string
 	for _, n := range live {
 		ci, ok := views[n]
