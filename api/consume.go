@@ -21,7 +21,7 @@ const (
 	maxReceipts = 1000
 	// recheckEvery bounds how late a long-poll notices a message that became
 	// due without a commit to wake it (a delayed message, a retry).
-	recheckEvery = 100 * time.Millisecond
+	recheckEvery = 500 * time.Millisecond
 )
 
 type fetchBody struct {

@@ -372,3 +372,35 @@ func (g *Group) Stats(now int64) (Stats, error) {
 	s.Delayed = g.c.Ready - dueNow
 	return s, nil
 }
+
+// ForEachTimer calls fn with every pending due time after now: every
+// lease's expiry, and every waiting message's due time in every group. The
+// leader rebuilds its timing wheel from it.
+func ForEachTimer(tx *bolt.Tx, now int64, fn func(Timer)) error {
+	c := tx.Bucket(bktExpiry).Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		names := k[20:]
+		i := bytes.IndexByte(names, 0)
+		if i < 0 {
+			return errCorruptIndex(0, 0)
+		}
+		fn(Timer{Lease: true, Topic: string(names[:i]), At: int64(binary.BigEndian.Uint64(k))})
+	}
+	for _, t := range mlog.Topics(tx) {
+		l, err := mlog.Open(tx, t)
+		if err != nil {
+			return err
+		}
+		for _, name := range Names(l) {
+			g, err := Open(tx, l, name, false, now)
+			if err != nil {
+				return err
+			}
+			rc := g.b.Bucket(bktReady).Cursor()
+			for k, _ := rc.Seek(mlog.U64Key(uint64(now + 1))); k != nil; k, _ = rc.Next() {
+				fn(Timer{Topic: t, At: int64(binary.BigEndian.Uint64(k))})
+			}
+		}
+	}
+	return nil
+}

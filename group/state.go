@@ -117,7 +117,8 @@ func expiryKey(t int64, p uint32, off uint64, topic, group string) []byte {
 
 // Group is one consumer group of one topic, open in a transaction.
 type Group struct {
-	Name  string
+	Name   string
+	timers *[]Timer
 	log   *mlog.Log
 	b     *bolt.Bucket
 	tx    *bolt.Tx
@@ -200,6 +201,18 @@ func DropTopicLeases(tx *bolt.Tx, l *mlog.Log) error {
 	return nil
 }
 
+// Timer is a due time a state change created: a lease's expiry, or when a
+// waiting message (retry, delayed publish, replay) becomes deliverable. The
+// leader schedules them in its timing wheel.
+type Timer struct {
+	Lease bool
+	Topic string
+	At    int64 // unix ms
+}
+
+// ReportTimers makes the group append the due times it creates to dst.
+func (g *Group) ReportTimers(dst *[]Timer) { g.timers = dst }
+
 // Save writes the counters back if they changed.
 func (g *Group) Save() error {
 	if !g.dirty {
@@ -241,6 +254,9 @@ func (g *Group) getRecord(p uint32, off uint64) (record, bool, error) {
 func (g *Group) putRecord(p uint32, off uint64, r record) error {
 	if err := g.b.Bucket(bktState).Put(stateKey(p, off), r.encode()); err != nil {
 		return err
+	}
+	if g.timers != nil && (r.State == stateLeased || r.State == stateReady) {
+		*g.timers = append(*g.timers, Timer{Lease: r.State == stateLeased, Topic: g.log.Topic, At: r.Until})
 	}
 	switch r.State {
 	case stateLeased:

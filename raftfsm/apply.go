@@ -10,7 +10,7 @@ import (
 )
 
 // dispatch is the one switch from a command to the code that applies it.
-func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (*Result, error) {
+func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
 	switch c.Op {
 	case OpPutTopic:
 		created, err := mlog.PutTopic(tx, c.Topic, c.Patch)
@@ -18,13 +18,13 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (
 	case OpDeleteTopic:
 		return &Result{}, applyDeleteTopic(tx, c.Topic)
 	case OpPublish:
-		return applyPublish(tx, c, notify)
+		return applyPublish(tx, c, ev)
 	case OpLease:
-		return applyLease(tx, idx, c)
+		return applyLease(tx, idx, c, ev)
 	case OpAck, OpExtend:
-		return applyReceipts(tx, idx, c)
+		return applyReceipts(tx, idx, c, ev)
 	case OpExpire:
-		return &Result{}, applyExpire(tx, c, notify)
+		return &Result{}, applyExpire(tx, c, ev)
 	case OpPutGroup:
 		return applyPutGroup(tx, c)
 	case OpDeleteGroup:
@@ -36,9 +36,9 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (
 	case OpTrim:
 		return &Result{}, applyTrim(tx, c)
 	case OpNack:
-		return applyNack(tx, idx, c, notify)
+		return applyNack(tx, idx, c, ev)
 	case OpReplay, OpReplayStep, OpDeleteDeadLetter:
-		return applyDeadLetters(tx, c, notify)
+		return applyDeadLetters(tx, c, ev)
 	case OpDedupExpire:
 		return &Result{}, applyDedupExpire(tx, c)
 	case OpSetNode:
@@ -82,7 +82,7 @@ func trimGroups(tx *bolt.Tx, l *mlog.Log, trimmed []mlog.Trimmed) error {
 	return nil
 }
 
-func applyLease(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
+func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -91,11 +91,12 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.ReportTimers(&ev.Timers)
 	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx)
 	return &Result{Deliveries: ds}, err
 }
 
-func applyReceipts(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
+func applyReceipts(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -104,6 +105,7 @@ func applyReceipts(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.ReportTimers(&ev.Timers)
 	var st []string
 	if c.Op == OpAck {
 		st, err = g.Ack(c.Now, idx, c.Receipts)
@@ -113,7 +115,7 @@ func applyReceipts(tx *bolt.Tx, idx uint64, c *Command) (*Result, error) {
 	return &Result{Statuses: st}, err
 }
 
-func applyExpire(tx *bolt.Tx, c *Command, notify map[string]struct{}) error {
+func applyExpire(tx *bolt.Tx, c *Command, ev *Events) error {
 	for i, x := range c.Expired {
 		l, err := mlog.Open(tx, x.Topic)
 		if err != nil {
@@ -123,11 +125,12 @@ func applyExpire(tx *bolt.Tx, c *Command, notify map[string]struct{}) error {
 		if err != nil {
 			continue
 		}
+		g.ReportTimers(&ev.Timers)
 		f := group.Failure{Failure: dlq.Failure{At: c.Now, Node: c.NodeID}, Rand: randAt(c.Rands, i)}
 		if err := g.ExpireLease(x.Receipt, f); err != nil {
 			return err
 		}
-		notify[x.Topic] = struct{}{}
+		ev.wake(x.Topic)
 	}
 	return nil
 }
@@ -139,11 +142,12 @@ func randAt(rs []uint32, i int) uint32 {
 	return 0
 }
 
-func applyNack(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) (*Result, error) {
+func applyNack(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c)
 	if err != nil {
 		return nil, err
 	}
+	g.ReportTimers(&ev.Timers)
 	kind := dlq.KindNack
 	if !c.Retryable {
 		kind = dlq.KindRejected
@@ -154,7 +158,7 @@ func applyNack(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) 
 			Retryable: c.Retryable, DelayMs: c.DelayMs, Rand: randAt(c.Rands, i)}
 	}
 	st, err := g.Nack(c.Now, idx, c.Receipts, fs)
-	notify[c.Topic] = struct{}{}
+	ev.wake(c.Topic)
 	return &Result{Statuses: st}, err
 }
 
@@ -166,11 +170,12 @@ func openGroup(tx *bolt.Tx, c *Command) (*group.Group, error) {
 	return group.Open(tx, l, c.Group, false, c.Now)
 }
 
-func applyDeadLetters(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result, error) {
+func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c)
 	if err != nil {
 		return nil, err
 	}
+	g.ReportTimers(&ev.Timers)
 	switch c.Op {
 	case OpReplay:
 		store, err := g.DeadLetters()
@@ -182,7 +187,7 @@ func applyDeadLetters(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Res
 	case OpReplayStep:
 		n, err := g.ReplayStep(c.Now, int(c.Max))
 		if n > 0 {
-			notify[c.Topic] = struct{}{}
+			ev.wake(c.Topic)
 		}
 		return &Result{Accepted: uint64(n)}, err
 	default: // OpDeleteDeadLetter

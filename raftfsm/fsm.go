@@ -31,6 +31,15 @@ type Result struct {
 	Accepted   uint64    // OpReplay, OpReplayStep: letters queued or replayed
 }
 
+// Events is what a batch did that soft state must learn: topics that
+// gained deliverable messages, and due times it created.
+type Events struct {
+	Topics map[string]struct{}
+	Timers []group.Timer
+}
+
+func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
+
 // Published is the placement of one published message.
 type Published struct {
 	Partition uint32
@@ -53,6 +62,9 @@ type FSM struct {
 	// Notify, if set, is called after each batch commits with the topics that
 	// gained deliverable messages.
 	Notify func(topics map[string]struct{})
+	// Schedule, if set, is called after each batch commits with the due
+	// times the batch created.
+	Schedule func(timers []group.Timer)
 
 	mu      sync.RWMutex // guards db against Restore's swap
 	db      *bolt.DB
@@ -131,7 +143,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l
 // transaction, with the applied index written in it.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
-	notify := map[string]struct{}{}
+	ev := &Events{Topics: map[string]struct{}{}}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	err := f.db.Update(func(tx *bolt.Tx) error {
@@ -144,7 +156,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 				// Replicas would diverge if we skipped it: stop the node.
 				panic(fmt.Sprintf("raftfsm: undecodable committed entry at index %d: %v", l.Index, err))
 			}
-			out[i] = f.applyOne(tx, l.Index, cmd, notify)
+			out[i] = f.applyOne(tx, l.Index, cmd, ev)
 		}
 		last := logs[len(logs)-1].Index
 		return tx.Bucket(bktMeta).Put(keyApplied, mlog.U64Key(last))
@@ -153,8 +165,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
 	}
 	f.applied.Store(logs[len(logs)-1].Index)
-	if len(notify) > 0 && f.Notify != nil {
-		f.Notify(notify)
+	if len(ev.Topics) > 0 && f.Notify != nil {
+		f.Notify(ev.Topics)
+	}
+	if len(ev.Timers) > 0 && f.Schedule != nil {
+		f.Schedule(ev.Timers)
 	}
 	return out
 }
@@ -162,15 +177,15 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // applyOne applies a command. Business errors (unknown topic, full topic)
 // are detected before anything is written, so a failed command changes
 // nothing; any other error is a storage failure and stops the node.
-func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, notify map[string]struct{}) *Result {
+func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result {
 	if c.Op == OpMulti {
 		res := &Result{Multi: make([]*Result, len(c.Batch))}
 		for i, sub := range c.Batch {
-			res.Multi[i] = f.applyOne(tx, idx, sub, notify)
+			res.Multi[i] = f.applyOne(tx, idx, sub, ev)
 		}
 		return res
 	}
-	res, err := dispatch(tx, idx, c, notify)
+	res, err := dispatch(tx, idx, c, ev)
 	if err != nil {
 		if isBusiness(err) {
 			if res == nil {

@@ -16,7 +16,9 @@ import (
 // commands; the commands change state.
 
 const (
-	sweepEvery     = 50 * time.Millisecond
+	// sweepEvery is the safety net under the timing wheel, which triggers
+	// a sweep as soon as a lease is due.
+	sweepEvery     = time.Second
 	retentionEvery = time.Second
 	sweepBatch     = 512
 	replayEvery    = 100 * time.Millisecond
@@ -63,6 +65,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	if err := n.Join(ctx, n.Info()); err != nil {
 		n.logger.Warn("record own address", "err", err)
 	}
+	go n.sched.run(ctx)
 	sweep := time.NewTicker(sweepEvery)
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)
@@ -75,6 +78,8 @@ func (n *Node) leaderLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-sweep.C:
+			n.sweepLeases(ctx)
+		case <-n.sched.kick:
 			n.sweepLeases(ctx)
 		case <-ret.C:
 			n.enforceRetention(ctx)

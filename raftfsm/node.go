@@ -67,6 +67,7 @@ type Node struct {
 	logger    *slog.Logger
 	stopLoops context.CancelFunc
 	batch     *batcher
+	sched     *scheduler
 }
 
 // Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
@@ -86,6 +87,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	n.sched = newScheduler(n)
 	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
 	n.logStore, err = raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(cfg.DataDir, "raft.db"),

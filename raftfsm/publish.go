@@ -53,7 +53,7 @@ func decodePlacement(v []byte) (uint32, uint64, error) {
 // runs before the first write. Producer sequences are checked first, then
 // each message's idempotency key (inside the batch too); duplicates store
 // nothing and answer with the original's placement.
-func applyPublish(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result, error) {
+func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -145,7 +145,7 @@ func applyPublish(tx *bolt.Tx, c *Command, notify map[string]struct{}) (*Result,
 		}
 	}
 	if n > 0 {
-		notify[c.Topic] = struct{}{}
+		ev.wake(c.Topic)
 	}
 	return res, nil
 }
