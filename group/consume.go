@@ -193,14 +193,8 @@ func (g *Group) check(now int64, r Receipt, appliedIdx uint64) (record, string, 
 	if err != nil {
 		return record{}, "", err
 	}
-	if r.Offset >= next {
-		part, err := g.log.Partition(r.Partition)
-		if err != nil {
-			return record{}, "", err
-		}
-		if r.Offset >= part.Meta.Next {
-			return record{}, StatusInvalid, nil
-		}
+	if r.Offset >= next { // never delivered to this group
+		return record{}, StatusInvalid, nil
 	}
 	rec, ok, err := g.getRecord(r.Partition, r.Offset)
 	if err != nil {

@@ -119,11 +119,11 @@ func expiryKey(t int64, p uint32, off uint64, topic, group string) []byte {
 type Group struct {
 	Name   string
 	timers *[]Timer
-	log   *mlog.Log
-	b     *bolt.Bucket
-	tx    *bolt.Tx
-	c     counters
-	dirty bool
+	log    *mlog.Log
+	b      *bolt.Bucket
+	tx     *bolt.Tx
+	c      counters
+	dirty  bool
 }
 
 // Open returns a group, creating it (cursors at each partition's head) when
@@ -364,9 +364,13 @@ func (g *Group) Floor(p uint32) (uint64, error) {
 
 // OnTrim drops state for messages trimmed from the head of a partition.
 func (g *Group) OnTrim(t mlog.Trimmed) error {
+	type gone struct {
+		off uint64
+		r   record
+	}
+	var trimmed []gone
 	c := g.b.Bucket(bktState).Cursor()
 	prefix := mlog.PartKey(t.Partition)
-	var dead [][2]uint64
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 		off := binary.BigEndian.Uint64(k[4:])
 		if off >= t.NewFirst {
@@ -376,14 +380,20 @@ func (g *Group) OnTrim(t mlog.Trimmed) error {
 		if err != nil {
 			return err
 		}
-		dead = append(dead, [2]uint64{off, uint64(r.Until)})
-		if err := g.dropIndex(t.Partition, off, r); err != nil {
+		trimmed = append(trimmed, gone{off, r})
+	}
+	for _, x := range trimmed {
+		if err := g.remove(t.Partition, x.off, x.r); err != nil {
 			return err
 		}
 	}
-	for _, d := range dead {
-		if err := g.b.Bucket(bktState).Delete(stateKey(t.Partition, d[0])); err != nil {
-			return err
+	// A trimmed message that held its key no longer does: the messages
+	// held behind it may be delivered again.
+	for _, x := range trimmed {
+		if x.r.State == stateLeased && x.r.Key != "" {
+			if err := g.releaseHeld(x.r.Key, 0, false); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

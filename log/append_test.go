@@ -397,3 +397,29 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 }
+
+func TestPartitionHead(t *testing.T) {
+	db := mustDB(t)
+	mustPutTopic(t, db, "t", Patch{})
+	mustUpdate(t, db, func(tx *bolt.Tx) error {
+		p, _ := OpenPartition(tx, "t", 0)
+		if _, err := p.Append(&Message{PublishedAt: 5, DeliverAt: 900, IdempotencyKey: "k", Value: []byte("v")}); err != nil {
+			return err
+		}
+		_, err := p.Append(&Message{PublishedAt: 6})
+		return err
+	})
+	_ = db.View(func(tx *bolt.Tx) error {
+		p, _ := OpenPartition(tx, "t", 0)
+		if at, key, ok, err := p.Head(0); at != 900 || key != "k" || !ok || err != nil {
+			t.Errorf("Head(0) = %d, %q, %v, %v", at, key, ok, err)
+		}
+		if at, key, ok, err := p.Head(1); at != 0 || key != "" || !ok || err != nil {
+			t.Errorf("Head(1) = %d, %q, %v, %v", at, key, ok, err)
+		}
+		if _, _, ok, err := p.Head(2); ok || err != nil {
+			t.Errorf("Head(next) ok = %v, err = %v; want not retained", ok, err)
+		}
+		return nil
+	})
+}

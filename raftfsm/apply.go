@@ -1,8 +1,6 @@
 package raftfsm
 
 import (
-	"fmt"
-
 	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -191,10 +189,12 @@ func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 		}
 		return &Result{Accepted: uint64(n)}, err
 	default: // OpDeleteDeadLetter
-		if len(c.IDs) != 1 {
-			return nil, fmt.Errorf("%w: delete takes one id", mlog.ErrCorrupt)
+		for _, id := range c.IDs {
+			if err := g.DeleteDeadLetter(id); err != nil {
+				return nil, err
+			}
 		}
-		return &Result{}, g.DeleteDeadLetter(c.IDs[0])
+		return &Result{}, nil
 	}
 }
 
