@@ -125,9 +125,9 @@ func Open(cfg Config) (*Node, error) {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
-	rc.HeartbeatTimeout = 1000 * time.Millisecond
-	rc.ElectionTimeout = 1000 * time.Millisecond
-	rc.LeaderLeaseTimeout = 500 * time.Millisecond
+	rc.HeartbeatTimeout = 1500 * time.Millisecond
+	rc.ElectionTimeout = 1500 * time.Millisecond
+	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
 	n.hadState, err = raft.HasExistingState(logs, n.logStore, snaps)
 	if err != nil {
 		n.trans.Close()
