@@ -15,8 +15,10 @@ const (
 	maxBatchCmds  = 512
 	maxBatchBytes = 4 << 20
 	// batchPipeline is how many batches may be in flight in Raft at once:
-	// while one is being committed, the next one fills.
-	batchPipeline = 4
+	// while one is being committed, the next one fills. Measured with 64
+	// publishers on a 3-node cluster: 1 → 8.4k msg/s, 2 → 9.0k, 4 → 7.1k
+	// (deeper pipelines split the same requests into smaller batches).
+	batchPipeline = 2
 )
 
 type pending struct {
