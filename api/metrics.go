@@ -2,7 +2,6 @@ package api
 
 import (
 	"strconv"
-	"time"
 
 	mlog "github.com/mqd/mqd/log"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +52,7 @@ func (m *metrics) countReceipts(op string, statuses []string) {
 	}
 }
 
-func (m *metrics) observeRequest(_ *route, code int, _ time.Duration) {
+func (m *metrics) observeRequest(code int) {
 	m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 

@@ -97,7 +97,6 @@ type route struct {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	start := time.Now()
 	r, err := s.match(ctx)
 	if err == nil {
 		if r.leaderOnly {
@@ -109,7 +108,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if err != nil {
 		writeError(ctx, err)
 	}
-	s.metrics.observeRequest(r, ctx.Response.StatusCode(), time.Since(start))
+	s.metrics.observeRequest(ctx.Response.StatusCode())
 }
 
 // match parses the path and method into a route.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -65,7 +64,6 @@ type Node struct {
 	logStore  *raftboltdb.BoltStore
 	hadState  bool
 	logger    *slog.Logger
-	stopLoops context.CancelFunc
 	batch     *batcher
 	sched     *scheduler
 }
@@ -265,11 +263,8 @@ func (n *Node) caughtUp() bool {
 }
 
 // Shutdown hands leadership off if leader, then stops raft and closes the
-// stores.
+// stores. The leader loops end with the context given to Run.
 func (n *Node) Shutdown() error {
-	if n.stopLoops != nil {
-		n.stopLoops()
-	}
 	if n.IsLeader() && len(n.Raft.GetConfiguration().Configuration().Servers) > 1 {
 		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
 			n.logger.Warn("leadership transfer", "err", err)
@@ -336,5 +331,3 @@ func (n *Node) LastSnapshotIndex() uint64 {
 	fmt.Sscan(n.Raft.Stats()["last_snapshot_index"], &idx)
 	return idx
 }
-
-var _ io.Closer = (*FSM)(nil)
