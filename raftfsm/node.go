@@ -57,15 +57,15 @@ func (c *Config) Validate() error {
 
 // Node is one Raft member with its FSM.
 type Node struct {
-	cfg       Config
-	Raft      *raft.Raft
-	FSM       *FSM
-	trans     *raft.NetworkTransport
-	logStore  *raftboltdb.BoltStore
-	hadState  bool
-	logger    *slog.Logger
-	batch     *batcher
-	sched     *scheduler
+	cfg      Config
+	Raft     *raft.Raft
+	FSM      *FSM
+	trans    *raft.NetworkTransport
+	logStore *raftboltdb.BoltStore
+	hadState bool
+	logger   *slog.Logger
+	batch    *batcher
+	sched    *scheduler
 }
 
 // Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
