@@ -224,7 +224,8 @@ func (s *Server) groupRoute(rest []string, m string) (func(*fasthttp.RequestCtx,
 	return nil, ""
 }
 
-// deadline is the request's context: Mq-Timeout-Ms or 10 s.
+// deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the
+// time a long-polling fetch may wait.
 func deadline(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc, error) {
 	d := defaultTimeout
 	if v := ctx.Request.Header.Peek("Mq-Timeout-Ms"); len(v) > 0 {
@@ -234,7 +235,7 @@ func deadline(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc, er
 		}
 		d = time.Duration(ms) * time.Millisecond
 	}
-	c, cancel := context.WithTimeout(context.Background(), d)
+	c, cancel := context.WithTimeout(context.Background(), d+fetchWait(ctx))
 	return c, cancel, nil
 }
 
@@ -297,9 +298,6 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 	req.URI().SetScheme("http")
 	req.Header.Set(forwardHeader, strconv.Itoa(hops+1))
 	dl, _ := rctx.Deadline()
-	if extra := fetchWait(ctx); extra > 0 {
-		dl = time.Now().Add(extra + defaultTimeout)
-	}
 	resp := &ctx.Response
 	if err := s.fwd.DoDeadline(req, resp, dl); err != nil {
 		resp.Reset()

@@ -34,3 +34,38 @@ func TestSingleNode(t *testing.T) {
 	}
 	checkExactly(t, "single node after restart", values(t, distinctByPosition(msgs)), want)
 }
+
+// A long poll may wait longer than the request's commit deadline
+// (Mq-Timeout-Ms): a message that arrives after the deadline but within
+// wait_ms is still delivered, not answered 503.
+func TestLongPollOutlastsCommitDeadline(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	ctx := ctxFor(t, 30*time.Second)
+	mustTopic(t, n, "lp", nil)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		r, err := n.Do(ctx, "POST", "/v1/topics/lp/groups/g/fetch", map[string]any{"max": 1, "wait_ms": 4000},
+			map[string]string{"Mq-Timeout-Ms": "500"})
+		if err == nil {
+			err = r.Expect(200)
+		}
+		if err == nil {
+			var body struct{ Messages []tc.Message }
+			if err = r.JSON(&body); err == nil && len(body.Messages) != 1 {
+				err = fmt.Errorf("got %d messages, want 1: %s", len(body.Messages), r.Body)
+			}
+		}
+		done <- err
+	}()
+	time.Sleep(1500 * time.Millisecond) // past the 500 ms commit deadline
+	mustPublish(t, n, "lp", "late", nil)
+	if err := <-done; err != nil {
+		t.Fatalf("fetch waiting 4 s with Mq-Timeout-Ms 500: %v", err)
+	}
+	if el := time.Since(start); el > 3500*time.Millisecond {
+		t.Errorf("fetch answered after %v, want soon after the publish at 1.5 s", el)
+	}
+}
