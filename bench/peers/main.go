@@ -1,0 +1,365 @@
+// Command peers runs the same workloads against a three-node mqd cluster and
+// a three-node JetStream cluster (embedded nats-server, R3 streams, file
+// storage), once with JetStream's default sync and once with
+// `sync_interval: always`, back to back in one invocation, and prints a table
+// of msgs/s, latencies and mqd/JetStream ratios. See README.md.
+//
+//	cd bench/peers && go run .
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+type config struct {
+	duration, warmup time.Duration
+	size             int
+	batchSize        int
+	batchConc        int
+	asyncWindow      int
+	consumeMsgs      int
+	consumers        int
+	fetch            int
+	mqdBin           string
+	keep             bool
+}
+
+// workload is one row of the table.
+type workload struct {
+	name    string
+	desc    string
+	latency bool // a closed loop of single publishes: p50/p99 are per publish
+	run     func(ctx context.Context, s system, cfg *config) (*result, error)
+}
+
+type system interface {
+	name() string
+	publish(ctx context.Context, wl string, publishers int, idem bool) (*result, error)
+	batch(ctx context.Context, wl string) (*result, error)
+	consume(ctx context.Context, wl string, consumers int) (*result, error)
+}
+
+func publishWL(publishers int, idem bool) workload {
+	name := fmt.Sprintf("publish-%d", publishers)
+	desc := fmt.Sprintf("%d sync publishers", publishers)
+	if idem {
+		name += "-idem"
+		desc += ", unique idempotency key each"
+	}
+	return workload{name: name, desc: desc, latency: true,
+		run: func(ctx context.Context, s system, _ *config) (*result, error) {
+			return s.publish(ctx, name, publishers, idem)
+		}}
+}
+
+func allWorkloads() []workload {
+	return []workload{
+		publishWL(1, false),
+		publishWL(16, false),
+		publishWL(64, false),
+		publishWL(64, true),
+		{name: "batch", desc: "mqd messages:batch vs JetStream PublishAsync",
+			run: func(ctx context.Context, s system, _ *config) (*result, error) { return s.batch(ctx, "batch") }},
+		{name: "consume", desc: "pre-loaded, fetch + durable ack",
+			run: func(ctx context.Context, s system, cfg *config) (*result, error) {
+				return s.consume(ctx, "consume", cfg.consumers)
+			}},
+	}
+}
+
+var systemNames = []string{"mqd", "js-default", "js-always"}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	cfg := &config{}
+	var wlFlag, sysFlag string
+	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measuring time of each workload (consume: at most this long)")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up before each publish/batch workload")
+	flag.IntVar(&cfg.size, "size", 1024, "message payload size in bytes")
+	flag.StringVar(&wlFlag, "workloads", "all", "comma-separated workloads: publish-1,publish-16,publish-64,publish-64-idem,batch,consume (or all)")
+	flag.StringVar(&sysFlag, "systems", strings.Join(systemNames, ","), "comma-separated systems: mqd,js-default,js-always")
+	flag.IntVar(&cfg.batchSize, "batch-size", 100, "batch workload: messages per mqd messages:batch request")
+	flag.IntVar(&cfg.batchConc, "batch-concurrency", 4, "batch workload: concurrent mqd batch requests")
+	flag.IntVar(&cfg.asyncWindow, "async-window", 256, "batch workload: JetStream PublishAsyncMaxPending")
+	flag.IntVar(&cfg.consumeMsgs, "consume-msgs", 50000, "consume workload: messages pre-loaded before consuming")
+	flag.IntVar(&cfg.consumers, "consumers", 4, "consume workload: concurrent consumers")
+	flag.IntVar(&cfg.fetch, "fetch", 100, "consume workload: max messages per fetch")
+	flag.StringVar(&cfg.mqdBin, "mqd-bin", "", "use this mqd binary instead of building ./cmd/mqd of the repository")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (data and mqd logs) for inspection")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "peers: unexpected arguments:", flag.Args())
+		return 2
+	}
+	wls, err := pickWorkloads(wlFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "peers:", err)
+		return 2
+	}
+	systems, err := pickSystems(sysFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "peers:", err)
+		return 2
+	}
+	if cfg.size < 1 || cfg.batchSize < 1 || cfg.batchSize > 1000 || cfg.batchConc < 1 || cfg.asyncWindow < 1 ||
+		cfg.consumeMsgs < 1 || cfg.consumers < 1 || cfg.fetch < 1 || cfg.fetch > 1000 || cfg.duration <= 0 || cfg.warmup < 0 {
+		fmt.Fprintln(os.Stderr, "peers: a flag is out of range (sizes and counts ≥ 1, -batch-size and -fetch ≤ 1000)")
+		return 2
+	}
+
+	// Ctrl-C or SIGTERM cancels ctx: the running workload stops, every
+	// cluster is shut down and the temporary directory removed. A second
+	// signal kills at once (the mqd children die with us: Pdeathsig).
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	go func() { <-ctx.Done(); stopSignals() }()
+
+	tmp, err := os.MkdirTemp("", "peers-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "peers:", err)
+		return 1
+	}
+	defer func() {
+		if cfg.keep {
+			logf("kept %s", tmp)
+			return
+		}
+		os.RemoveAll(tmp)
+	}()
+
+	began := time.Now()
+	results := map[string]map[string]*result{} // system -> workload -> result
+	failures := map[string]string{}
+	code := 0
+	for _, sys := range systems {
+		if ctx.Err() != nil {
+			break
+		}
+		res, err := runSystem(ctx, sys, tmp, cfg, wls)
+		results[sys] = res
+		if err != nil {
+			failures[sys] = err.Error()
+			logf("%s: %v", sys, err)
+			code = 1
+		}
+	}
+	interrupted := ctx.Err() != nil
+	printReport(os.Stdout, cfg, wls, systems, results, failures, time.Since(began), interrupted)
+	if interrupted {
+		return 130
+	}
+	return code
+}
+
+func pickWorkloads(s string) ([]workload, error) {
+	all := allWorkloads()
+	if s == "all" || s == "" {
+		return all, nil
+	}
+	var out []workload
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		i := slices.IndexFunc(all, func(w workload) bool { return w.name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown workload %q", n)
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
+}
+
+func pickSystems(s string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(systemNames, n) {
+			return nil, fmt.Errorf("unknown system %q (want mqd, js-default, js-always)", n)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// runSystem starts one system's cluster, runs every workload on it, and
+// stops it again, so that at most one cluster is running at a time.
+func runSystem(ctx context.Context, name, tmp string, cfg *config, wls []workload) (map[string]*result, error) {
+	res := map[string]*result{}
+	dir, err := os.MkdirTemp(tmp, name+"-")
+	if err != nil {
+		return res, err
+	}
+	var sys system
+	switch name {
+	case "mqd":
+		bin := cfg.mqdBin
+		if bin == "" {
+			logf("mqd: building ./cmd/mqd")
+			if bin, err = buildMqd(ctx, tmp); err != nil {
+				return res, err
+			}
+		}
+		logf("mqd: starting 3 nodes")
+		c, err := startMqd(ctx, bin, dir)
+		if err != nil {
+			return res, err
+		}
+		defer func() { logf("mqd: stopping"); c.stop() }()
+		logf("mqd: leader %s", c.leader)
+		sys = &mqdSystem{c: c, cfg: cfg}
+	default:
+		always := name == "js-always"
+		logf("%s: starting 3 embedded nats-server %s nodes", name, server.VERSION)
+		c, err := startJS(ctx, dir, always)
+		if err != nil {
+			return res, err
+		}
+		defer func() { logf("%s: stopping", name); c.stop() }()
+		s := &jsSystem{c: c, cfg: cfg, always: always}
+		defer s.close()
+		sys = s
+	}
+	for _, w := range wls {
+		if ctx.Err() != nil {
+			return res, nil
+		}
+		r, err := w.run(ctx, sys, cfg)
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, nil
+			}
+			return res, fmt.Errorf("%s: %w", w.name, err)
+		}
+		if ctx.Err() != nil { // interrupted half way: not a figure
+			return res, nil
+		}
+		res[w.name] = r
+		line := fmt.Sprintf("%s %-16s %9.0f msgs/s", name+":", w.name, r.rate())
+		if w.latency {
+			line += fmt.Sprintf("  p50 %s  p99 %s", fmtMs(r.percentile(0.50)), fmtMs(r.percentile(0.99)))
+		}
+		if r.errs > 0 {
+			line += fmt.Sprintf("  (%d errors; first: %s)", r.errs, r.firstErr)
+		}
+		logf("%s", line)
+	}
+	return res, nil
+}
+
+func fmtMs(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+}
+
+func fmtRate(r *result) string {
+	if r == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%.0f", r.rate())
+	if r.errs > 0 || r.note != "" {
+		s += "*"
+	}
+	return s
+}
+
+func fmtRatio(a, b *result) string {
+	if a == nil || b == nil || b.rate() == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a.rate()/b.rate())
+}
+
+func printReport(out io.Writer, cfg *config, wls []workload, systems []string, results map[string]map[string]*result,
+	failures map[string]string, took time.Duration, interrupted bool) {
+	get := func(sys, wl string) *result {
+		if m := results[sys]; m != nil {
+			return m[wl]
+		}
+		return nil
+	}
+	fmt.Fprintf(out, "\nmqd vs JetStream (nats-server %s, embedded, 3 nodes, R3, file storage) — %s, GOMAXPROCS %d, %d-byte messages, %v per workload after %v warm-up\n\n",
+		server.VERSION, runtime.Version(), runtime.GOMAXPROCS(0), cfg.size, cfg.duration, cfg.warmup)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tmqd msgs/s\tJS default msgs/s\tJS always msgs/s\tmqd/JS-default\tmqd/JS-always\t")
+	for _, w := range wls {
+		m, d, a := get("mqd", w.name), get("js-default", w.name), get("js-always", w.name)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", w.name, fmtRate(m), fmtRate(d), fmtRate(a), fmtRatio(m, d), fmtRatio(m, a))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "latency p50 / p99\tmqd\tJS default\tJS always\t")
+	for _, w := range wls {
+		if !w.latency {
+			continue
+		}
+		cell := func(r *result) string {
+			if r == nil {
+				return "-"
+			}
+			return fmtMs(r.percentile(0.50)) + " / " + fmtMs(r.percentile(0.99))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", w.name, cell(get("mqd", w.name)), cell(get("js-default", w.name)), cell(get("js-always", w.name)))
+	}
+	tw.Flush()
+
+	// Scaling: throughput at 64 publishers over throughput at 1.
+	var scal []string
+	for _, sys := range systems {
+		one, many := get(sys, "publish-1"), get(sys, "publish-64")
+		if one != nil && many != nil && one.rate() > 0 {
+			scal = append(scal, fmt.Sprintf("%s %.1fx", sys, many.rate()/one.rate()))
+		}
+	}
+	if len(scal) > 0 {
+		fmt.Fprintf(out, "\nscaling, publish-64 / publish-1: %s\n", strings.Join(scal, ", "))
+	}
+
+	var notes []string
+	for _, sys := range systems {
+		for _, w := range wls {
+			r := get(sys, w.name)
+			if r == nil {
+				continue
+			}
+			if r.errs > 0 {
+				notes = append(notes, fmt.Sprintf("* %s %s: %d failed operations; first: %s", sys, w.name, r.errs, r.firstErr))
+			}
+			if r.note != "" {
+				notes = append(notes, fmt.Sprintf("* %s %s: %s", sys, w.name, r.note))
+			}
+		}
+		if f, ok := failures[sys]; ok {
+			notes = append(notes, fmt.Sprintf("! %s: %s", sys, f))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintf(out, "\n%s\n", strings.Join(notes, "\n"))
+	}
+	status := ""
+	if interrupted {
+		status = " (interrupted: partial results)"
+	}
+	fmt.Fprintf(out, "\nbatch: mqd %d concurrent messages:batch requests of %d; JetStream PublishAsync, %d outstanding. consume: %d pre-loaded, %d consumers, fetch %d; mqd acks each fetch in one request, JetStream AckSync per message.\ntotal %v%s\n",
+		cfg.batchConc, cfg.batchSize, cfg.asyncWindow, cfg.consumeMsgs, cfg.consumers, cfg.fetch, took.Round(time.Second), status)
+}
