@@ -206,8 +206,9 @@ func (g *Group) check(now int64, r Receipt, appliedIdx uint64) (record, string, 
 	return rec, StatusOK, nil
 }
 
-// Ack completes the leased messages; idx is the acking command's index.
-func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error) {
+// eachLease classifies every receipt at now and calls fn for those whose
+// lease is valid; it answers the statuses in order and saves the counters.
+func (g *Group) eachLease(now int64, idx uint64, receipts []Receipt, fn func(i int, r Receipt, rec record) error) ([]string, error) {
 	out := make([]string, len(receipts))
 	for i, r := range receipts {
 		rec, st, err := g.check(now, r, idx)
@@ -215,11 +216,7 @@ func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error)
 			return nil, err
 		}
 		if st == StatusOK {
-			if err := g.remove(r.Partition, r.Offset, rec); err != nil {
-				return nil, err
-			}
-			g.c.Acked++
-			if err := g.keyDone(rec.Key, now); err != nil {
+			if err := fn(i, r, rec); err != nil {
 				return nil, err
 			}
 		}
@@ -228,24 +225,24 @@ func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error)
 	return out, g.Save()
 }
 
+// Ack completes the leased messages; idx is the acking command's index.
+func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error) {
+	return g.eachLease(now, idx, receipts, func(_ int, r Receipt, rec record) error {
+		if err := g.remove(r.Partition, r.Offset, rec); err != nil {
+			return err
+		}
+		g.c.Acked++
+		return g.keyDone(rec.Key, now)
+	})
+}
+
 // Extend moves the lease of each receipt to now+leaseMs.
 func (g *Group) Extend(now, leaseMs int64, idx uint64, receipts []Receipt) ([]string, error) {
-	out := make([]string, len(receipts))
-	for i, r := range receipts {
-		rec, st, err := g.check(now, r, idx)
-		if err != nil {
-			return nil, err
-		}
-		if st == StatusOK {
-			nr := rec
-			nr.Until = now + leaseMs
-			if err := g.replace(r.Partition, r.Offset, rec, nr); err != nil {
-				return nil, err
-			}
-		}
-		out[i] = st
-	}
-	return out, g.Save()
+	return g.eachLease(now, idx, receipts, func(_ int, r Receipt, rec record) error {
+		nr := rec
+		nr.Until = now + leaseMs
+		return g.replace(r.Partition, r.Offset, rec, nr)
+	})
 }
 
 // Expired is a lease whose expiry has passed, found by DueLeases.

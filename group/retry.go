@@ -102,20 +102,9 @@ func (g *Group) bury(p uint32, off uint64, old, nr record, m *mlog.Message, at i
 
 // Nack fails the leased messages of receipts, one Failure each.
 func (g *Group) Nack(now int64, idx uint64, receipts []Receipt, fs []Failure) ([]string, error) {
-	out := make([]string, len(receipts))
-	for i, r := range receipts {
-		rec, st, err := g.check(now, r, idx)
-		if err != nil {
-			return nil, err
-		}
-		if st == StatusOK {
-			if err := g.fail(r.Partition, r.Offset, rec, fs[i]); err != nil {
-				return nil, err
-			}
-		}
-		out[i] = st
-	}
-	return out, g.Save()
+	return g.eachLease(now, idx, receipts, func(i int, r Receipt, rec record) error {
+		return g.fail(r.Partition, r.Offset, rec, fs[i])
+	})
 }
 
 // ExpireLease fails an expired lease (kind lease_expired). A lease that was
