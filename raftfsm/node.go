@@ -95,7 +95,9 @@ func Open(cfg Config) (*Node, error) {
 		fsm.Close()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
-	logs, err := raft.NewLogCache(1024, n.logStore)
+	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
+	// the cache only serves replication of the newest entries.
+	logs, err := raft.NewLogCache(64, n.logStore)
 	if err != nil {
 		n.closeStores()
 		return nil, err
