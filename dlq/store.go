@@ -24,7 +24,7 @@ var (
 type meta struct {
 	NextID      uint64
 	Count       uint64
-	ReplayAllTo uint64 // replay every letter with id <= this (0: none)
+	ReplayAllTo uint64 // every letter with id <= this is queued for replay
 	ReplayRate  uint64 // letters per second
 	Pending     uint64 // letters queued for replay
 	Replayed    uint64
@@ -138,13 +138,11 @@ func (s *Store) Delete(id uint64) (*Letter, error) {
 			return nil, err
 		}
 	}
-	if s.bucket(bktReplay).Get(mlog.U64Key(id)) != nil || id <= s.m.ReplayAllTo {
+	if s.queued(id) {
 		if err := s.bucket(bktReplay).Delete(mlog.U64Key(id)); err != nil {
 			return nil, err
 		}
-		if s.m.Pending > 0 {
-			s.m.Pending--
-		}
+		s.m.Pending--
 	}
 	s.m.Count--
 	return l, s.save()
@@ -189,22 +187,47 @@ func (s *Store) List(after uint64, limit int, key string) ([]*Letter, error) {
 	return out, nil
 }
 
+// A letter is queued for replay when its id is at most ReplayAllTo (a
+// "replay all" covers every letter that existed then) or when it is in the
+// explicit queue, which only ever holds ids above ReplayAllTo. Pending
+// counts the queued letters.
+
+var queuedMark = []byte{1}
+
+func (s *Store) queued(id uint64) bool {
+	return id <= s.m.ReplayAllTo || s.bucket(bktReplay).Get(mlog.U64Key(id)) != nil
+}
+
 // QueueReplay queues letters for replay at rate per second: the given ids,
-// or with all every letter stored now. It returns how many it accepted.
+// or with all every letter stored now. It returns how many it newly queued.
 func (s *Store) QueueReplay(ids []uint64, all bool, rate uint64) (uint64, error) {
 	var n uint64
 	if all {
-		// Everything up to the newest id; ids queued one by one before are
-		// inside that range, so they are not counted twice.
-		n = s.m.Count - s.queuedBelow(s.m.NextID-1)
+		// Every letter above the old mark that is not explicitly queued yet;
+		// the explicit queue is then subsumed by the new mark.
+		c := s.bucket(bktLetters).Cursor()
+		for k, _ := c.Seek(mlog.U64Key(s.m.ReplayAllTo + 1)); k != nil; k, _ = c.Next() {
+			n++
+		}
+		var explicit [][]byte
+		rc := s.bucket(bktReplay).Cursor()
+		for k, _ := rc.First(); k != nil; k, _ = rc.Next() {
+			explicit = append(explicit, bytes.Clone(k))
+		}
+		for _, k := range explicit {
+			if err := s.bucket(bktReplay).Delete(k); err != nil {
+				return 0, err
+			}
+		}
+		n -= uint64(len(explicit))
 		s.m.ReplayAllTo = s.m.NextID - 1
 	} else {
 		for _, id := range ids {
-			if s.bucket(bktLetters).Get(mlog.U64Key(id)) == nil || id <= s.m.ReplayAllTo ||
-				s.bucket(bktReplay).Get(mlog.U64Key(id)) != nil {
+			if s.bucket(bktLetters).Get(mlog.U64Key(id)) == nil || s.queued(id) {
 				continue
 			}
-			if err := s.bucket(bktReplay).Put(mlog.U64Key(id), nil); err != nil {
+			// A non-empty value: bbolt's Get answers nil for an empty one.
+			if err := s.bucket(bktReplay).Put(mlog.U64Key(id), queuedMark); err != nil {
 				return 0, err
 			}
 			n++
@@ -217,19 +240,9 @@ func (s *Store) QueueReplay(ids []uint64, all bool, rate uint64) (uint64, error)
 	return n, s.save()
 }
 
-// queuedBelow counts ids in the explicit queue that are <= id.
-func (s *Store) queuedBelow(id uint64) uint64 {
-	var n uint64
-	c := s.bucket(bktReplay).Cursor()
-	for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= id; k, _ = c.Next() {
-		n++
-	}
-	return n
-}
-
 // NextReplay returns up to max letters due for replay, lowest ids first,
 // and removes them from the store; the caller puts them back into delivery
-// and reports each with Replayed or Skipped.
+// and reports each with Replayed.
 func (s *Store) NextReplay(max int) ([]*Letter, error) {
 	var ids []uint64
 	c := s.bucket(bktLetters).Cursor()
@@ -242,9 +255,7 @@ func (s *Store) NextReplay(max int) ([]*Letter, error) {
 	}
 	rc := s.bucket(bktReplay).Cursor()
 	for k, _ := rc.First(); k != nil && len(ids) < max; k, _ = rc.Next() {
-		if id := binary.BigEndian.Uint64(k); id > s.m.ReplayAllTo {
-			ids = append(ids, id)
-		}
+		ids = append(ids, binary.BigEndian.Uint64(k))
 	}
 	out := make([]*Letter, 0, len(ids))
 	for _, id := range ids {
@@ -254,10 +265,7 @@ func (s *Store) NextReplay(max int) ([]*Letter, error) {
 		}
 		out = append(out, l)
 	}
-	if s.m.Pending == 0 || s.m.Count == 0 {
-		s.m.ReplayAllTo, s.m.Pending = 0, 0
-	}
-	return out, s.save()
+	return out, nil
 }
 
 // Replayed counts a letter put back into delivery; Skipped one whose
