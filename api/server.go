@@ -251,6 +251,15 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	defer cancel()
 	r.ctx = rctx
 	for {
+		if s.node.IsLeader() && !s.node.Serving() {
+			// Newly elected: wait until it has applied the log before it.
+			select {
+			case <-rctx.Done():
+				return fmt.Errorf("%w: the new leader is still applying the log", raftfsm.ErrNotLeader)
+			case <-time.After(5 * time.Millisecond):
+			}
+			continue
+		}
 		if s.node.IsLeader() {
 			err := r.handler(ctx, r)
 			if !errors.Is(err, raftfsm.ErrNotLeader) {

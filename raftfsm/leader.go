@@ -59,9 +59,20 @@ func (n *Node) Run(ctx context.Context) {
 
 func (n *Node) leaderLoop(ctx context.Context) {
 	n.logger.Info("became leader", "id", n.cfg.ID)
-	if err := n.Raft.Barrier(10 * time.Second).Error(); err != nil {
+	// Serve only once everything committed before this term is applied:
+	// until then the FSM may not even know a topic that exists.
+	for {
+		err := n.Raft.Barrier(10 * time.Second).Error()
+		if err == nil {
+			break
+		}
 		n.logger.Warn("leader barrier", "err", err)
+		if ctx.Err() != nil || !n.IsLeader() {
+			return
+		}
 	}
+	n.serving.Store(true)
+	defer n.serving.Store(false)
 	if err := n.Join(ctx, n.Info()); err != nil {
 		n.logger.Warn("record own address", "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -66,6 +67,7 @@ type Node struct {
 	logger   *slog.Logger
 	batch    *batcher
 	sched    *scheduler
+	serving  atomic.Bool // leader with its FSM caught up (after the term's barrier)
 }
 
 // Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
@@ -163,6 +165,10 @@ func (n *Node) HadState() bool { return n.hadState }
 
 // IsLeader reports whether this node is the leader now.
 func (n *Node) IsLeader() bool { return n.Raft.State() == raft.Leader }
+
+// Serving reports whether this node leads and has applied everything
+// committed before its term, so that its state answers requests.
+func (n *Node) Serving() bool { return n.IsLeader() && n.serving.Load() }
 
 // Leader returns the leader's id and HTTP address, if known.
 func (n *Node) Leader() (id, httpAddr string, ok bool) {

@@ -1,7 +1,11 @@
 package test
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -52,6 +56,11 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 	}
 	batch1001.WriteString("]}")
 
+	attrs65 := map[string]string{}
+	for i := range 65 {
+		attrs65[fmt.Sprintf("Mq-Attr-A%d", i)] = "v"
+	}
+
 	cases := []badCase{
 		// topic config
 		{name: "topic bad JSON", method: "PUT", path: topics + "t1", body: `{"partitions":`, want: 400},
@@ -74,6 +83,45 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 		{name: "group name with space", method: "POST", path: "/v1/topics/bad/groups/bad%20g/fetch", body: `{}`, want: 400},
 		{name: "group name 201 chars", method: "POST", path: "/v1/topics/bad/groups/" + long + "/fetch", body: `{}`, want: 400},
 		{name: "group name ..", method: "PUT", path: "/v1/topics/bad/groups/%2E%2E", body: `{}`},
+		// odd bytes in names
+		{name: "topic name non-ASCII", method: "PUT", path: topics + "caf%C3%A9", body: `{}`, want: 400},
+		{name: "topic name NUL", method: "PUT", path: topics + "a%00b", body: `{}`, want: 400},
+		{name: "topic name invalid UTF-8", method: "PUT", path: topics + "a%FFb", body: `{}`, want: 400},
+		{name: "topic name encoded slash", method: "PUT", path: topics + "a%2Fb", body: `{}`},
+		{name: "topic name encoded newline", method: "PUT", path: topics + "a%0Ab", body: `{}`, want: 400},
+		{name: "group name invalid UTF-8", method: "POST", path: "/v1/topics/bad/groups/g%FE/fetch", body: `{}`, want: 400},
+		{name: "group name NUL", method: "PUT", path: "/v1/topics/bad/groups/g%00", body: `{}`, want: 400},
+		// huge numbers
+		{name: "topic partitions beyond int64", method: "PUT", path: topics + "t1", body: `{"partitions":99999999999999999999999}`, want: 400},
+		{name: "topic partitions 1e400", method: "PUT", path: topics + "t1", body: `{"partitions":1e400}`, want: 400},
+		{name: "topic partitions 1025", method: "PUT", path: topics + "t1", body: `{"partitions":1025}`, want: 400},
+		{name: "topic ack_timeout_ms 2^63", method: "PUT", path: topics + "t1", body: `{"ack_timeout_ms":9223372036854775808}`, want: 400},
+		{name: "topic ack_timeout_ms over 12 h", method: "PUT", path: topics + "t1", body: `{"ack_timeout_ms":43200001}`, want: 400},
+		{name: "topic max_retry huge", method: "PUT", path: topics + "t1", body: `{"max_retry":18446744073709551615}`, want: 400},
+		{name: "topic max_message_bytes over 16 MiB", method: "PUT", path: topics + "t1", body: `{"max_message_bytes":16777217}`, want: 400},
+		{name: "fetch max 1e20", method: "POST", path: fetch, body: `{"max":1e20}`, want: 400},
+		{name: "fetch wait_ms 2^64", method: "POST", path: fetch, body: `{"wait_ms":18446744073709551616}`, want: 400},
+		{name: "fetch lease_ms over 12 h", method: "POST", path: fetch, body: `{"lease_ms":43200001}`, want: 400},
+		{name: "extend lease_ms 2^63", method: "POST", path: extend, body: `{"receipts":["abc"],"lease_ms":9223372036854775808}`, want: 400},
+		{name: "nack delay_ms over 90 days", method: "POST", path: nack, body: `{"receipts":["abc"],"delay_ms":7776000001}`, want: 400},
+		{name: "dlq limit huge", method: "GET", path: "/v1/topics/bad/groups/g/dlq?limit=99999999999999999999", want: 400},
+		{name: "dlq after negative", method: "GET", path: "/v1/topics/bad/groups/g/dlq?after=-1", want: 400},
+		{name: "replay rate huge", method: "POST", path: "/v1/topics/bad/groups/g/dlq/replay", body: `{"all":true,"rate_per_sec":1e30}`, want: 400},
+		{name: "dlq delete id huge", method: "DELETE", path: "/v1/topics/bad/groups/g/dlq/99999999999999999999999", want: 400},
+		// odd or huge header values
+		{name: "publish Mq-Delay-Ms beyond int64", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Delay-Ms": "99999999999999999999999"}, want: 400},
+		{name: "publish Mq-Delay-Ms over 90 days", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Delay-Ms": "7776000001"}, want: 400},
+		{name: "publish Mq-Delay-Ms with spaces", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Delay-Ms": "1 0"}, want: 400},
+		{name: "publish Mq-Producer-Seq 2^64", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "18446744073709551616"}, want: 400},
+		{name: "publish Mq-Max-Retry negative", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Max-Retry": "-1"}, want: 400},
+		{name: "publish Mq-Backoff-Base-Ms huge", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Backoff-Base-Ms": "1e99"}, want: 400},
+		{name: "publish Mq-Timeout-Ms 0", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Timeout-Ms": "0"}, want: 400},
+		{name: "publish Mq-Timeout-Ms huge", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Timeout-Ms": "99999999999999999999"}, want: 400},
+		{name: "publish Mq-Partition-Key 257 bytes", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Partition-Key": strings.Repeat("k", 257)}, want: 400},
+		{name: "publish Mq-Attr value invalid UTF-8", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Attr-Color": "bl\xffue"}, want: 400},
+		{name: "publish Mq-Attr value 4097 bytes", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Attr-Color": strings.Repeat("v", 4097)}, want: 400},
+		{name: "publish Mq-Attr name 129 bytes", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Attr-" + strings.Repeat("n", 129): "v"}, want: 400},
+		{name: "publish 65 Mq-Attr headers", method: "POST", path: pub, body: "x", hdr: attrs65, want: 400},
 		// unknown things
 		{name: "get unknown topic", method: "GET", path: topics + "nope", want: 404},
 		{name: "publish unknown topic", method: "POST", path: topics + "nope/messages", body: "x", want: 404},
@@ -172,4 +220,153 @@ func shorten(s string) string {
 		return s[:120] + "..."
 	}
 	return s
+}
+
+// rawExchange sends raw bytes on a fresh connection to n and reads what comes
+// back until the server closes or d passes. The send function writes the
+// request (it may stall or half-close the connection).
+func rawExchange(t *testing.T, n *tc.Node, d time.Duration, send func(c *net.TCPConn)) (answer string, closed bool) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", n.HTTPAddr(), 2*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", n, err)
+	}
+	defer conn.Close()
+	c := conn.(*net.TCPConn)
+	c.SetDeadline(time.Now().Add(d))
+	send(c)
+	b, err := io.ReadAll(c)
+	var ne net.Error
+	timedOut := errors.As(err, &ne) && ne.Timeout()
+	return string(b), !timedOut
+}
+
+// checkRawAnswer accepts a 4xx answer with a JSON error body, or (if
+// allowClose) a connection closed by the server without an answer.
+func checkRawAnswer(t *testing.T, name, answer string, closed, allowClose bool) {
+	t.Helper()
+	first, _, _ := strings.Cut(answer, "\r\n")
+	t.Logf("%s: answer %q, closed %v", name, first, closed)
+	if answer == "" {
+		if !closed {
+			t.Errorf("%s: no answer and the connection still open after the bound", name)
+		} else if !allowClose {
+			t.Errorf("%s: connection closed without an answer, want a 4xx", name)
+		}
+		return
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(answer)), nil)
+	if err != nil {
+		t.Errorf("%s: unparsable answer %q: %v", name, shorten(answer), err)
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode < 400 || resp.StatusCode > 499 {
+		t.Errorf("%s: status %d %s, want a 4xx", name, resp.StatusCode, shorten(string(body)))
+		return
+	}
+	r := &tc.Response{Status: resp.StatusCode, Body: body}
+	if _, err := r.CheckError(); err != nil {
+		t.Errorf("%s: status %d: %v", name, resp.StatusCode, err)
+	}
+}
+
+// Requests cut short, stalled or malformed at the byte level: each is
+// answered with a 4xx JSON error or has its connection closed, stores
+// nothing, does not hold up other clients, and leaves the node healthy.
+func testBadInputRaw(t *testing.T, c *tc.Cluster) {
+	leader, _ := mustRoles(t, c)
+	const topic = "bad-raw"
+	mustTopic(t, leader, topic, nil)
+	nodes := c.Live()
+	n := nodes[len(nodes)-1]
+	head := func(length int, extra string) string {
+		return fmt.Sprintf("POST /v1/topics/%s/messages HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n", topic, n.HTTPAddr(), length, extra)
+	}
+
+	// Truncated body: 10 of 100 bytes, then the client half-closes.
+	ans, closed := rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+		c.Write([]byte(head(100, "") + "0123456789"))
+		c.CloseWrite()
+	})
+	checkRawAnswer(t, "truncated body", ans, closed, true)
+
+	// Truncated chunked body.
+	ans, closed = rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+		c.Write([]byte(fmt.Sprintf("POST /v1/topics/%s/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n64\r\nabc", topic)))
+		c.CloseWrite()
+	})
+	checkRawAnswer(t, "truncated chunked body", ans, closed, true)
+
+	// A declared body over the 17 MiB limit is refused without reading it.
+	ans, closed = rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+		c.Write([]byte(head(20<<20, "")))
+	})
+	checkRawAnswer(t, "declared 20 MiB body", ans, closed, true)
+
+	// Not HTTP at all, and a header with a control byte.
+	ans, closed = rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+		c.Write([]byte("GARBAGE\x00\xff\r\n\r\n"))
+	})
+	checkRawAnswer(t, "garbage request line", ans, closed, true)
+	ans, closed = rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+		c.Write([]byte(head(1, "Idempotency-Key: a\x01b\r\n") + "x"))
+		c.CloseWrite()
+	})
+	checkRawAnswer(t, "control byte in a header value", ans, closed, true)
+
+	// A slow body: 10 bytes, a 3 s stall, then the rest. Meanwhile other
+	// clients are served at once; the slow publish completes normally.
+	slowDone := make(chan string, 1)
+	go func() {
+		conn, err := net.DialTimeout("tcp", n.HTTPAddr(), 2*time.Second)
+		if err != nil {
+			slowDone <- "dial: " + err.Error()
+			return
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		conn.Write([]byte(head(20, "Idempotency-Key: slow-body\r\n") + "slow-body-"))
+		time.Sleep(3 * time.Second)
+		conn.Write([]byte("0123456789"))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			slowDone <- "read: " + err.Error()
+			return
+		}
+		resp.Body.Close()
+		slowDone <- fmt.Sprint(resp.StatusCode)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	mustPublish(t, n, topic, "while a body is stalled", nil)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("publish while another body is stalled took %v", d)
+	}
+	if got := <-slowDone; got != "201" {
+		t.Errorf("slow body: %s, want 201", got)
+	}
+
+	// Odd bytes are fine in an idempotency key (compared byte for byte).
+	odd := map[string]string{"Idempotency-Key": "\xff\xfe odd key \x80"}
+	first := mustPublish(t, n, topic, "odd key", odd)
+	again := mustPublish(t, n, topic, "odd key", odd)
+	if !again.Duplicate || again.Offset != first.Offset || again.Partition != first.Partition {
+		t.Errorf("odd idempotency key: first %+v, repeat %+v, want the repeat to be a duplicate of the first", first, again)
+	}
+
+	// Nothing from the cut requests was stored: exactly the three publishes.
+	ctx := ctxFor(t, 15*time.Second)
+	if s, err := n.Stats(ctx, topic); err != nil {
+		t.Errorf("stats: %v", err)
+	} else if s.NextOffsets() != 3 {
+		t.Errorf("%s holds %d messages, want 3 (slow, concurrent, odd key): a cut request was stored", topic, s.NextOffsets())
+	}
+	for _, nd := range nodes {
+		r, err := nd.Do(ctx, http.MethodGet, "/healthz", nil, nil)
+		if err != nil || r.Status != http.StatusOK {
+			t.Errorf("node %s /healthz after raw bad input: %v %v", nd, r, err)
+		}
+		mustPublish(t, nd, "bad", "still fine after raw input via "+nd.ID(), nil)
+	}
 }

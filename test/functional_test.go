@@ -21,6 +21,7 @@ func TestFunctional(t *testing.T) {
 	t.Run("LongPoll", func(t *testing.T) { t.Parallel(); testLongPoll(t, c) })
 	t.Run("ConsumerGroups", func(t *testing.T) { t.Parallel(); testConsumerGroups(t, c) })
 	t.Run("BadInput", func(t *testing.T) { t.Parallel(); testBadInput(t, c) })
+	t.Run("BadInputRaw", func(t *testing.T) { t.Parallel(); testBadInputRaw(t, c) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, c) })
 }
 

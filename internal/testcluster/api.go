@@ -122,6 +122,7 @@ type GroupStats struct {
 	DLQ               int64 `json:"dlq"`
 	Acked             int64 `json:"acked"`
 	DuplicatesSkipped int64 `json:"duplicates_skipped"`
+	ReplayPending     int64 `json:"replay_pending"`
 }
 
 // ErrorBody is the JSON body of every error answer.

@@ -20,11 +20,21 @@ type config struct {
 	readyTimeout time.Duration
 	client       *Client
 	logTail      int
+	nodeArgs     []func(*Node) []string
 }
 
 // WithFlags appends command-line flags to every node's command.
 func WithFlags(flags ...string) Option {
 	return func(c *config) { c.flags = append(c.flags, flags...) }
+}
+
+// WithNodeArgs appends, to each node's command, the flags that fn returns
+// for it. Start calls fn once per node, after the node's id and addresses are
+// chosen (ID, HTTPAddr, RaftAddr, DataDir are set) and before any node
+// starts; the flags then stay the same across restarts. Use it for per-node
+// flags such as --raft-advertise-addr.
+func WithNodeArgs(fn func(n *Node) []string) Option {
+	return func(c *config) { c.nodeArgs = append(c.nodeArgs, fn) }
 }
 
 // WithSnapshot sets --snapshot-threshold, --snapshot-interval and --trailing-logs.
@@ -87,6 +97,9 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 			nd.args = append(nd.args, "--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(httpAddrs, ","))
 		}
 		nd.args = append(nd.args, cfg.flags...)
+		for _, fn := range cfg.nodeArgs {
+			nd.args = append(nd.args, fn(nd)...)
+		}
 	}
 	tb.Cleanup(func() {
 		c.KillAll()

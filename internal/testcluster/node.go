@@ -64,6 +64,21 @@ func (n *Node) Args() []string { return append([]string(nil), n.args...) }
 
 func (n *Node) String() string { return n.id + "@" + n.httpAddr }
 
+// PID is the process id of the running process, or 0 if the node is not
+// running.
+func (n *Node) PID() int {
+	p := n.current()
+	if p == nil {
+		return 0
+	}
+	select {
+	case <-p.done:
+		return 0
+	default:
+		return p.cmd.Process.Pid
+	}
+}
+
 // Running reports whether the process is started and has not exited.
 func (n *Node) Running() bool {
 	n.mu.Lock()

@@ -1,0 +1,70 @@
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqd/mqd/internal/testcluster"
+)
+
+var (
+	seedFlag     = flag.Int64("chaos.seed", 1, "seed of the first TestChaos run (run i uses seed+i) and of TestSoak")
+	runsFlag     = flag.Int("chaos.runs", 2, "TestChaos: number of runs")
+	durationFlag = flag.Duration("chaos.duration", 45*time.Second, "TestChaos: length of the fault phase of each run")
+	faultsFlag   = flag.Int("chaos.faults", 1000, "most faults per run")
+	keepFlag     = flag.String("chaos.keep", "", "directory where a failed run leaves its node logs, data directories, figures and client events")
+	kindsFlag    = flag.String("chaos.kinds", "", "comma-separated fault kinds to use (default: all): "+strings.Join(faultKinds, ","))
+	snapFlag     = flag.Int("chaos.snapshot-threshold", 2048, "--snapshot-threshold of the nodes")
+	trailFlag    = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps the whole log for forensics")
+	noReplayFlag = flag.Bool("chaos.no-replay", false, "no DLQ replays in the workload")
+	soakFlag     = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
+)
+
+// configFor is the run configuration from the flags.
+func configFor(t *testing.T, seed int64, d time.Duration) Config {
+	cfg := DefaultConfig(seed, d)
+	cfg.MaxFaults = *faultsFlag
+	cfg.Keep = *keepFlag
+	cfg.SnapshotThreshold = *snapFlag
+	cfg.TrailingLogs = *trailFlag
+	cfg.NoReplay = *noReplayFlag
+	if *kindsFlag != "" {
+		for _, k := range strings.Split(*kindsFlag, ",") {
+			if !slices.Contains(faultKinds, k) {
+				t.Fatalf("-chaos.kinds: unknown kind %q (kinds: %v)", k, faultKinds)
+			}
+			cfg.Kinds = append(cfg.Kinds, k)
+		}
+	}
+	return cfg
+}
+
+func TestMain(m *testing.M) { testcluster.Main(m) }
+
+// TestChaos is the bounded version CI runs: a few short runs with fixed seeds.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos runs take a couple of minutes; skipped in -short mode")
+	}
+	for i := range *runsFlag {
+		seed := *seedFlag + int64(i)
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			Run(t, configFor(t, seed, *durationFlag))
+		})
+	}
+}
+
+// TestSoak is one long run: go test ./test/chaos/ -run Soak -soak=30m -timeout 60m -v
+func TestSoak(t *testing.T) {
+	if *soakFlag <= 0 {
+		t.Skip("soak disabled; run with -soak=30m (and a -timeout above it)")
+	}
+	cfg := configFor(t, *seedFlag, *soakFlag)
+	cfg.Soak = true
+	cfg.DrainTimeout = 5 * time.Minute
+	Run(t, cfg)
+}

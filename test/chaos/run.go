@@ -1,0 +1,339 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// Config is one run of the harness.
+type Config struct {
+	Seed              int64
+	Duration          time.Duration // nemesis phase (the workload runs through it)
+	MaxFaults         int
+	Producers         int
+	Partitions        int
+	Groups            []string
+	ConsumersPerGroup int
+	PoisonRate        float64
+	ProducerPause     time.Duration // mean pause between a producer's keys
+	DrainTimeout      time.Duration
+	Keep              string   // if set, a failed run copies node logs, data and figures here
+	Kinds             []string // fault kinds to draw from (nil: all)
+	SnapshotThreshold int      // --snapshot-threshold of the nodes
+	TrailingLogs      int      // --trailing-logs (0: half the threshold)
+	NoReplay          bool     // no DLQ replays in the workload
+	Soak              bool     // a TestSoak run (for the reproduce line)
+}
+
+// DefaultConfig is the CI shape of a run with the given seed and length.
+func DefaultConfig(seed int64, d time.Duration) Config {
+	return Config{Seed: seed, Duration: d, MaxFaults: 1 << 20, Producers: 4, Partitions: 3,
+		Groups: []string{"g1", "g2", "g3"}, ConsumersPerGroup: 2, PoisonRate: 0.03,
+		ProducerPause: 15 * time.Millisecond, DrainTimeout: 120 * time.Second, SnapshotThreshold: 2048}
+}
+
+const topic = "chaos"
+
+// drainStall is how long a drain may see no change at all before it gives up.
+const drainStall = 30 * time.Second
+
+// Run starts a 3-node cluster behind Raft proxies, runs the workload under
+// the nemesis for cfg.Duration, heals and drains, checks the history and
+// returns the figures. Violations fail t.
+func Run(t *testing.T, cfg Config) *Figures {
+	extra := ""
+	if len(cfg.Kinds) > 0 {
+		extra += " -chaos.kinds " + strings.Join(cfg.Kinds, ",")
+	}
+	if cfg.NoReplay {
+		extra += " -chaos.no-replay"
+	}
+	if cfg.SnapshotThreshold != DefaultConfig(0, 0).SnapshotThreshold {
+		extra += fmt.Sprintf(" -chaos.snapshot-threshold %d", cfg.SnapshotThreshold)
+	}
+	if cfg.TrailingLogs != 0 {
+		extra += fmt.Sprintf(" -chaos.trailing-logs %d", cfg.TrailingLogs)
+	}
+	repro := fmt.Sprintf("go test ./test/chaos/ -run TestChaos -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
+	if cfg.Soak {
+		repro = fmt.Sprintf("go test ./test/chaos/ -run TestSoak -soak %v -chaos.seed %d%s -timeout %v -v", cfg.Duration, cfg.Seed, extra, cfg.Duration+20*time.Minute)
+	}
+	t.Logf("chaos run: seed %d, %v of faults (reproduce: %s)", cfg.Seed, cfg.Duration, repro)
+	began := time.Now()
+
+	// Proxies first, so that their cleanup runs after the nodes are killed.
+	var (
+		nodesMu sync.Mutex
+		nodes   = map[string]*tc.Node{}
+	)
+	nw := NewNet(func() []int {
+		nodesMu.Lock()
+		defer nodesMu.Unlock()
+		var pids []int
+		for _, n := range nodes {
+			if pid := n.PID(); pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}, func(pid int) string {
+		nodesMu.Lock()
+		defer nodesMu.Unlock()
+		for id, n := range nodes {
+			if n.PID() == pid {
+				return id
+			}
+		}
+		return ""
+	})
+	t.Cleanup(nw.Close)
+	proxies := map[string]*Proxy{}
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("n%d", i)
+		p, err := nw.NewProxy(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxies[id] = p
+	}
+	client := tc.NewClient(reqTimeout, 64)
+	c := tc.Start(t, 3,
+		tc.WithClient(client),
+		tc.WithReadyTimeout(60*time.Second),
+		tc.WithLogTail(120),
+		tc.WithSnapshot(cfg.SnapshotThreshold, 3*time.Second, cmp.Or(cfg.TrailingLogs, cfg.SnapshotThreshold/2)),
+		tc.WithNodeArgs(func(n *tc.Node) []string {
+			p := proxies[n.ID()]
+			p.SetTarget(n.RaftAddr())
+			nodesMu.Lock()
+			nodes[n.ID()] = n
+			nodesMu.Unlock()
+			return []string{"--raft-advertise-addr", p.Addr()}
+		}))
+	if cfg.Keep != "" {
+		t.Cleanup(func() {
+			if t.Failed() {
+				keepLogs(t, cfg, c)
+			}
+		})
+	}
+
+	// Topic and groups (the groups exist before any message, so that
+	// retention keeps every message for each of them).
+	setup, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	leader, err := c.Leader(setup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leader.PutTopic(setup, topic, map[string]any{
+		"partitions": cfg.Partitions, "max_retry": 3, "backoff_base_ms": 50, "backoff_max_ms": 1000,
+		"backoff_jitter_ms": 50, "ack_timeout_ms": 2000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range cfg.Groups {
+		r, err := leader.Do(setup, http.MethodPut, groupPath(topic, g), nil, nil)
+		if err == nil {
+			err = r.Expect(http.StatusCreated, http.StatusOK)
+		}
+		if err != nil {
+			t.Fatalf("create group %s: %v", g, err)
+		}
+	}
+
+	h := newHistory(cfg.Groups)
+	w := newWorkload(cfg, topic, c.Nodes(), h)
+	w.start()
+	stopped := false
+	stopAll := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		w.stopNew.Store(true)
+		w.finishBy.Store(time.Now().UnixNano())
+		w.stopRepl.Store(true)
+		w.stopCons.Store(true)
+		w.prodWG.Wait()
+		w.replWG.Wait()
+		w.consWG.Wait()
+	}
+	t.Cleanup(stopAll) // on every way out (t.Fatal from a node control included)
+
+	// Faults.
+	nm := newNemesis(t, c, nw, cfg.Seed, cfg.Kinds)
+	if err := nm.Run(time.Now().Add(cfg.Duration), cfg.MaxFaults); err != nil {
+		t.Errorf("nemesis: %v", err)
+	}
+
+	// Heal, let the producers finish their current keys, drain.
+	w.stopNew.Store(true)
+	nm.HealAll()
+	if err := nm.waitReady(90*time.Second, "final heal"); err != nil {
+		t.Errorf("%v", err)
+	}
+	w.finishBy.Store(time.Now().Add(60 * time.Second).UnixNano())
+	w.prodWG.Wait()
+	w.stopRepl.Store(true)
+	w.replWG.Wait()
+	w.polite.Store(true)
+	nm.logf("producers done; draining")
+	fin, err := drain(c, cfg, w)
+	if err != nil {
+		t.Errorf("drain: %v", err)
+	}
+	stopAll()
+	// Read the final state once more with every client stopped.
+	if f2, err := finalState(c, cfg); err != nil {
+		t.Errorf("final state: %v", err)
+	} else {
+		fin = f2
+	}
+
+	figs := Check(h, fin, cfg.Groups)
+	// Replicas must hold the same state at the same applied index.
+	if diffs, err := compareReplicas(c, t.TempDir()); err != nil {
+		t.Logf("replica comparison skipped: %v", err)
+		figs.Anomalies["replica comparison skipped"]++
+	} else if len(diffs) > 0 {
+		figs.Violations["replica-divergence"] = diffs
+	} else {
+		figs.ReplicasCompared = true
+	}
+	figs.Seed = cfg.Seed
+	figs.Elapsed = time.Since(began)
+	figs.Faults = nm.Counts
+	for k, v := range nm.Notes {
+		figs.Anomalies[k] += v
+	}
+	t.Logf("chaos figures:\n%s%s", figs, nw.Stats())
+	for kind, v := range figs.Violations {
+		t.Errorf("VIOLATION %s: %d, first: %s", kind, len(v), v[0])
+	}
+	if cfg.Keep != "" && t.Failed() {
+		os.MkdirAll(cfg.Keep, 0o755)
+		os.WriteFile(filepath.Join(cfg.Keep, fmt.Sprintf("seed-%d-figures.txt", cfg.Seed)),
+			[]byte(figs.String()+"\nclient events (UTC):\n"+strings.Join(h.events, "\n")+"\n"), 0o644)
+	}
+	return figs
+}
+
+// finalState reads the topic stats and every group's DLQ, retrying
+// transient errors for a bounded time.
+func finalState(c *tc.Cluster, cfg Config) (Final, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		for _, n := range c.Live() {
+			fin, err := finalVia(ctx, n, cfg)
+			if err == nil {
+				return fin, nil
+			}
+			last = err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return Final{}, fmt.Errorf("%v (last error: %v)", ctx.Err(), last)
+}
+
+func finalVia(ctx context.Context, n *tc.Node, cfg Config) (Final, error) {
+	fin := Final{DLQ: map[string][]deadLetter{}}
+	rctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	s, err := n.Stats(rctx, topic)
+	cancel()
+	if err != nil {
+		return fin, err
+	}
+	fin.Stats = s
+	for _, g := range cfg.Groups {
+		d, err := readDLQ(ctx, n, topic, g)
+		if err != nil {
+			return fin, err
+		}
+		fin.DLQ[g] = d
+	}
+	return fin, nil
+}
+
+// drain lets the (now polite) consumers run until every group has nothing
+// left: backlog, in_flight, delayed and replay_pending all 0, twice in a row.
+func drain(c *tc.Cluster, cfg Config, w *workload) (Final, error) {
+	deadline := time.Now().Add(cfg.DrainTimeout)
+	var last Final
+	var lastErr error
+	zeroes := 0
+	// A drain that makes no progress at all for a while is stuck; say so
+	// rather than wait out the whole bound.
+	lastChange, lastSig := time.Now(), ""
+	for time.Now().Before(deadline) {
+		if time.Since(lastChange) > drainStall {
+			return last, fmt.Errorf("drain stalled: no change in %v: %+v", drainStall, last.Stats.Groups)
+		}
+		time.Sleep(500 * time.Millisecond)
+		fin, err := finalState(c, cfg)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		last = fin
+		if sig := fmt.Sprint(fin.Stats.Groups); sig != lastSig {
+			lastSig, lastChange = sig, time.Now()
+		}
+		empty := true
+		for _, g := range cfg.Groups {
+			gs, ok := fin.Stats.Groups[g]
+			if !ok || gs.Backlog+gs.InFlight+gs.Delayed+gs.ReplayPending != 0 {
+				empty = false
+			}
+		}
+		if !empty {
+			zeroes = 0
+			continue
+		}
+		if zeroes++; zeroes >= 2 {
+			return fin, nil
+		}
+	}
+	return last, fmt.Errorf("groups not drained within %v (last error %v): %+v", cfg.DrainTimeout, lastErr, last.Stats.Groups)
+}
+
+// keepLogs copies every node's log and data directory (after killing the
+// nodes, so the files are still) into cfg.Keep/seed-N.
+func keepLogs(t *testing.T, cfg Config, c *tc.Cluster) {
+	dir := filepath.Join(cfg.Keep, fmt.Sprintf("seed-%d", cfg.Seed))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep: %v", err)
+		return
+	}
+	c.KillAll()
+	for _, n := range c.Nodes() {
+		if err := os.CopyFS(filepath.Join(dir, n.ID()+"-data"), os.DirFS(n.DataDir())); err != nil {
+			t.Logf("keep %s data: %v", n.ID(), err)
+		}
+	}
+	for _, n := range c.Nodes() {
+		src, err := os.Open(n.LogPath())
+		if err != nil {
+			continue
+		}
+		dst, err := os.Create(filepath.Join(dir, n.ID()+".log"))
+		if err == nil {
+			io.Copy(dst, src)
+			dst.Close()
+		}
+		src.Close()
+	}
+	t.Logf("node logs kept in %s", dir)
+}
