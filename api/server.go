@@ -251,16 +251,14 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	defer cancel()
 	r.ctx = rctx
 	for {
-		if s.node.IsLeader() && !s.node.Serving() {
-			// Newly elected: wait until it has applied the log before it.
-			select {
-			case <-rctx.Done():
-				return fmt.Errorf("%w: the new leader is still applying the log", raftfsm.ErrNotLeader)
-			case <-time.After(5 * time.Millisecond):
-			}
-			continue
-		}
 		if s.node.IsLeader() {
+			if !s.node.Serving() {
+				// Newly elected: wait until it has applied the log before it.
+				if err := pause(rctx, 5*time.Millisecond); err != nil {
+					return fmt.Errorf("%w: the new leader is still applying the log", raftfsm.ErrNotLeader)
+				}
+				continue
+			}
 			err := r.handler(ctx, r)
 			if !errors.Is(err, raftfsm.ErrNotLeader) {
 				return err
@@ -279,11 +277,21 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 		}
 		// The request never reached the leader: wait for it to come back
 		// or for a new one, within the deadline.
-		select {
-		case <-rctx.Done():
+		if pause(rctx, 50*time.Millisecond) != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// pause sleeps for d, or answers ctx's error if it ends first.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
