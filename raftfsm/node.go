@@ -160,9 +160,6 @@ func (n *Node) Info() NodeInfo {
 	return NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
 }
 
-// HadState reports whether the node started with existing raft state.
-func (n *Node) HadState() bool { return n.hadState }
-
 // IsLeader reports whether this node is the leader now.
 func (n *Node) IsLeader() bool { return n.Raft.State() == raft.Leader }
 
