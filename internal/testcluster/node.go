@@ -230,22 +230,22 @@ func (n *Node) StopWithin(d time.Duration) (time.Duration, error) {
 // Pause stops the process with SIGSTOP (it keeps its sockets but answers nothing).
 func (n *Node) Pause() {
 	n.tb.Helper()
-	if !n.signal(syscall.SIGSTOP) {
-		n.tb.Fatalf("pause %s: not running", n.id)
-	}
-	n.mu.Lock()
-	n.paused = true
-	n.mu.Unlock()
+	n.setPaused(syscall.SIGSTOP, true, "pause")
 }
 
 // Resume continues a paused process with SIGCONT.
 func (n *Node) Resume() {
 	n.tb.Helper()
-	if !n.signal(syscall.SIGCONT) {
-		n.tb.Fatalf("resume %s: not running", n.id)
+	n.setPaused(syscall.SIGCONT, false, "resume")
+}
+
+func (n *Node) setPaused(sig syscall.Signal, paused bool, verb string) {
+	n.tb.Helper()
+	if !n.signal(sig) {
+		n.tb.Fatalf("%s %s: not running", verb, n.id)
 	}
 	n.mu.Lock()
-	n.paused = false
+	n.paused = paused
 	n.mu.Unlock()
 }
 
