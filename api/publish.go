@@ -123,7 +123,7 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
 		Producer: prod.id, Seq: prod.seq}
 	for i, m := range msgs {
-		if err := checkSize(cfg, len(m.msg.Value)); err != nil {
+		if err := cfg.CheckSize(len(m.msg.Value)); err != nil {
 			return nil, err
 		}
 		cmd.Msgs[i] = mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}
@@ -138,13 +138,6 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 		s.metrics.published.Add(float64(len(msgs)))
 	}
 	return res, err
-}
-
-func checkSize(cfg mlog.Config, n int) error {
-	if int64(n) > cfg.MaxMessageBytes {
-		return fmt.Errorf("%w: %d bytes > max_message_bytes %d", mlog.ErrTooLarge, n, cfg.MaxMessageBytes)
-	}
-	return nil
 }
 
 // choosePartition: FNV-1a 32 of the partition key, else of the idempotency

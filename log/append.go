@@ -73,12 +73,7 @@ func (l *Log) Totals() (count, size uint64, err error) {
 }
 
 // CheckSize reports ErrTooLarge for a payload over max_message_bytes.
-func (l *Log) CheckSize(n int) error {
-	if int64(n) > l.Cfg.MaxMessageBytes {
-		return fmt.Errorf("%w: %d bytes > max_message_bytes %d", ErrTooLarge, n, l.Cfg.MaxMessageBytes)
-	}
-	return nil
-}
+func (l *Log) CheckSize(n int) error { return l.Cfg.CheckSize(n) }
 
 // MakeRoom enforces max_messages and max_bytes before adding n messages of
 // size bytes: under reject-publish it answers ErrTopicFull; under drop-head it

@@ -95,6 +95,14 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// CheckSize reports ErrTooLarge for a payload over max_message_bytes.
+func (c Config) CheckSize(n int) error {
+	if int64(n) > c.MaxMessageBytes {
+		return fmt.Errorf("%w: %d bytes > max_message_bytes %d", ErrTooLarge, n, c.MaxMessageBytes)
+	}
+	return nil
+}
+
 // Patch holds the fields of a topic update that were present in the request.
 type Patch struct {
 	Partitions      *uint32

@@ -81,29 +81,19 @@ func trimGroups(tx *bolt.Tx, l *mlog.Log, trimmed []mlog.Trimmed) error {
 }
 
 func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
-	l, err := mlog.Open(tx, c.Topic)
+	g, err := openGroup(tx, c, true, ev)
 	if err != nil {
 		return nil, err
 	}
-	g, err := group.Open(tx, l, c.Group, true, c.Now)
-	if err != nil {
-		return nil, err
-	}
-	g.ReportTimers(&ev.Timers)
 	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx)
 	return &Result{Deliveries: ds}, err
 }
 
 func applyReceipts(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
-	l, err := mlog.Open(tx, c.Topic)
+	g, err := openGroup(tx, c, false, ev)
 	if err != nil {
 		return nil, err
 	}
-	g, err := group.Open(tx, l, c.Group, false, c.Now)
-	if err != nil {
-		return nil, err
-	}
-	g.ReportTimers(&ev.Timers)
 	var st []string
 	if c.Op == OpAck {
 		st, err = g.Ack(c.Now, idx, c.Receipts)
@@ -141,11 +131,10 @@ func randAt(rs []uint32, i int) uint32 {
 }
 
 func applyNack(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
-	g, err := openGroup(tx, c)
+	g, err := openGroup(tx, c, false, ev)
 	if err != nil {
 		return nil, err
 	}
-	g.ReportTimers(&ev.Timers)
 	kind := dlq.KindNack
 	if !c.Retryable {
 		kind = dlq.KindRejected
@@ -160,20 +149,26 @@ func applyNack(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error)
 	return &Result{Statuses: st}, err
 }
 
-func openGroup(tx *bolt.Tx, c *Command) (*group.Group, error) {
+// openGroup opens the command's group (creating it when create is set),
+// reporting the due times it creates into ev.
+func openGroup(tx *bolt.Tx, c *Command, create bool, ev *Events) (*group.Group, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
 	}
-	return group.Open(tx, l, c.Group, false, c.Now)
-}
-
-func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
-	g, err := openGroup(tx, c)
+	g, err := group.Open(tx, l, c.Group, create, c.Now)
 	if err != nil {
 		return nil, err
 	}
 	g.ReportTimers(&ev.Timers)
+	return g, nil
+}
+
+func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
+	g, err := openGroup(tx, c, false, ev)
+	if err != nil {
+		return nil, err
+	}
 	switch c.Op {
 	case OpReplay:
 		store, err := g.DeadLetters()

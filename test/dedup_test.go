@@ -276,6 +276,24 @@ func withKey(msgs []tc.Message, key string) []tc.Message {
 	return out
 }
 
+// fetchUntilOthers fetches (leasing for leaseMs) until it holds others
+// messages without key, or a fetch comes back empty, and returns all it got.
+func fetchUntilOthers(ctx context.Context, t *testing.T, nodes []*tc.Node, topic, group, key string, others, leaseMs int) []tc.Message {
+	t.Helper()
+	var all []tc.Message
+	for len(withoutKey(all, key)) < others && ctx.Err() == nil {
+		got, err := fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 2000, LeaseMs: leaseMs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 0 {
+			break
+		}
+		all = append(all, got...)
+	}
+	return all
+}
+
 func withoutKey(msgs []tc.Message, key string) []tc.Message {
 	var out []tc.Message
 	for _, m := range msgs {
@@ -939,17 +957,7 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 	nodes := []*tc.Node{f, leader}
 
 	// Fetch everything: the six others and exactly one K.
-	var all []tc.Message
-	for len(withoutKey(all, key)) < 6 && ctx.Err() == nil {
-		got, err := fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 2000, LeaseMs: 30000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) == 0 {
-			break
-		}
-		all = append(all, got...)
-	}
+	all := fetchUntilOthers(ctx, t, nodes, topic, group, key, 6, 30000)
 	ks := withKey(all, key)
 	if len(ks) != 1 || len(withoutKey(all, key)) != 6 {
 		t.Fatalf("fetching everything: got %s; want the six others and exactly one %q (the other held while it is leased)", keysOf(all), key)
@@ -1093,17 +1101,7 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	k1, k2 := sameKeyTwice(t, leader, topic, key, 1500*time.Millisecond, nil, nil, []string{"fo-1"}, []string{"fo-2"})
 	ctx := ctxFor(t, 90*time.Second)
 
-	var all []tc.Message
-	for len(withoutKey(all, key)) < 2 && ctx.Err() == nil {
-		got, err := fetchAny(ctx, fs, topic, group, tc.FetchRequest{Max: 10, WaitMs: 2000, LeaseMs: 20000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) == 0 {
-			break
-		}
-		all = append(all, got...)
-	}
+	all := fetchUntilOthers(ctx, t, fs, topic, group, key, 2, 20000)
 	ks := withKey(all, key)
 	if len(ks) != 1 || len(withoutKey(all, key)) != 2 {
 		t.Fatalf("fetch before the failover: %s; want fo-1, fo-2 and exactly one %q (%s / %s)", keysOf(all), key, place(k1), place(k2))

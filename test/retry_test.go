@@ -103,46 +103,26 @@ type rtDLQPage struct {
 	NextAfter   *uint64        `json:"next_after"`
 }
 
-// rtGroupStats is a group's stats including the DLQ figures.
-type rtGroupStats struct {
-	Backlog           int64 `json:"backlog"`
-	InFlight          int64 `json:"in_flight"`
-	Delayed           int64 `json:"delayed"`
-	DLQ               int64 `json:"dlq"`
-	Acked             int64 `json:"acked"`
-	DuplicatesSkipped int64 `json:"duplicates_skipped"`
-	ReplayPending     int64 `json:"replay_pending"`
-}
-
 func rtGroupPath(topic, group string) string {
 	return "/v1/topics/" + url.PathEscape(topic) + "/groups/" + url.PathEscape(group)
 }
 
 // rtStats reads one group's stats; ok is false if the group is not listed.
-func rtStats(ctx context.Context, n *tc.Node, topic, group string) (rtGroupStats, bool, error) {
-	r, err := n.Do(ctx, http.MethodGet, "/v1/topics/"+url.PathEscape(topic), nil, nil)
+func rtStats(ctx context.Context, n *tc.Node, topic, group string) (tc.GroupStats, bool, error) {
+	st, err := n.Stats(ctx, topic)
 	if err != nil {
-		return rtGroupStats{}, false, err
+		return tc.GroupStats{}, false, err
 	}
-	if err := r.Expect(http.StatusOK); err != nil {
-		return rtGroupStats{}, false, err
-	}
-	var s struct {
-		Groups map[string]rtGroupStats `json:"groups"`
-	}
-	if err := r.JSON(&s); err != nil {
-		return rtGroupStats{}, false, err
-	}
-	g, ok := s.Groups[group]
+	g, ok := st.Groups[group]
 	return g, ok, nil
 }
 
 // rtWaitStats polls a group's stats until cond holds (bounded by d) and
 // returns the last stats; it fails the test when cond never held.
-func rtWaitStats(t *testing.T, n *tc.Node, topic, group string, d time.Duration, what string, cond func(rtGroupStats) bool) rtGroupStats {
+func rtWaitStats(t *testing.T, n *tc.Node, topic, group string, d time.Duration, what string, cond func(tc.GroupStats) bool) tc.GroupStats {
 	t.Helper()
 	deadline := time.Now().Add(d)
-	var last rtGroupStats
+	var last tc.GroupStats
 	var lastErr error
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -610,7 +590,7 @@ func testRetryMaxRetryToDLQ(t *testing.T, c *tc.Cluster) {
 	for i, h := range l.History {
 		t.Logf("history[%d]: %+v (nacked via %s)", i, h, nodes[i%len(nodes)].ID())
 	}
-	s := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 1", func(s rtGroupStats) bool { return s.DLQ == 1 })
+	s := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 1", func(s tc.GroupStats) bool { return s.DLQ == 1 })
 	if s.InFlight != 0 || s.Backlog != 0 || s.Delayed != 0 || s.Acked != 0 {
 		t.Errorf("stats after the message went to the DLQ: %+v; want in_flight, backlog, delayed, acked 0", s)
 	}
@@ -628,7 +608,7 @@ func testRetryNonRetryable(t *testing.T, c *tc.Cluster) {
 	rtNack(t, fs[1%len(fs)], topic, group, []string{m.Receipt}, map[string]any{"reason": "schema violation", "retryable": false})
 	letters := rtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
 	rtCheckLetter(t, c, letters[0], pr, "malformed order", "reject-1", 1, []string{"rejected"}, []string{"schema violation"})
-	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 1, in_flight == 0", func(s rtGroupStats) bool { return s.DLQ == 1 && s.InFlight == 0 })
+	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 1, in_flight == 0", func(s tc.GroupStats) bool { return s.DLQ == 1 && s.InFlight == 0 })
 	rtExpectNothing(t, fs[0], topic, group, time.Second, "after a non-retryable nack")
 	// The receipt is spent.
 	res, _, err := fs[0].Ack(ctxFor(t, 10*time.Second), topic, group, []string{m.Receipt})
@@ -668,7 +648,7 @@ func testRetryLeaseExpiry(t *testing.T, c *tc.Cluster) {
 	if err != nil || len(res) != 2 || res[0].Status != "stale" || res[1].Status != "stale" {
 		t.Errorf("ack of both expired receipts: %+v %v; want stale, stale", res, err)
 	}
-	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 1, nothing in flight", func(s rtGroupStats) bool {
+	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 1, nothing in flight", func(s tc.GroupStats) bool {
 		return s.DLQ == 1 && s.InFlight == 0 && s.Backlog == 0 && s.Delayed == 0
 	})
 	rtExpectNothing(t, fs[0], topic, group, 500*time.Millisecond, "after the lease expiries exhausted max_retry")
@@ -872,7 +852,7 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 	rtPublishBatch(t, fs[0], topic, batch)
 	first := rtFetchN(t, fs[0], topic, group, n, 5*time.Second, 30000)
 	rtNack(t, fs[0], topic, group, rtReceipts(first), map[string]any{"reason": "reject all", "retryable": false})
-	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 30", func(s rtGroupStats) bool { return s.DLQ == n && s.InFlight == 0 })
+	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 30", func(s tc.GroupStats) bool { return s.DLQ == n && s.InFlight == 0 })
 
 	accepted := rtReplay(t, fs[1%len(fs)], topic, group, map[string]any{"all": true, "rate_per_sec": 10})
 	start := time.Now()
@@ -880,7 +860,7 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("replay all: accepted %d, want %d", accepted, n)
 	}
 	arrived := map[string]time.Time{}
-	var statsSeen []rtGroupStats
+	var statsSeen []tc.GroupStats
 	deadline := start.Add(10 * time.Second)
 	for len(arrived) < n && time.Now().Before(deadline) {
 		msgs, at := rtFetch(t, fs[0], topic, group, min(time.Until(deadline), 500*time.Millisecond), n, 30000)
@@ -945,7 +925,7 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 	if !midway {
 		t.Errorf("no stats sample during the ~3 s replay showed 0 < replay_pending, dlq < %d: %+v", n, statsSeen)
 	}
-	s := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0 and replay_pending == 0", func(s rtGroupStats) bool {
+	s := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0 and replay_pending == 0", func(s tc.GroupStats) bool {
 		return s.DLQ == 0 && s.ReplayPending == 0
 	})
 	if s.InFlight != 0 || s.Backlog != 0 || s.Acked != n {
@@ -970,7 +950,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 	rtPublishBatch(t, via, topic, batch)
 	first := rtFetchN(t, via, topic, group, n, 5*time.Second, 30000)
 	rtNack(t, via, topic, group, rtReceipts(first), map[string]any{"reason": "bury", "retryable": false})
-	rtWaitStats(t, via, topic, group, 5*time.Second, "dlq == 40", func(s rtGroupStats) bool { return s.DLQ == n })
+	rtWaitStats(t, via, topic, group, 5*time.Second, "dlq == 40", func(s tc.GroupStats) bool { return s.DLQ == n })
 	if got := rtReplay(t, via, topic, group, map[string]any{"all": true, "rate_per_sec": 8}); got != n {
 		t.Fatalf("replay all: accepted %d, want %d", got, n)
 	}
@@ -1106,7 +1086,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 			t.Logf("%s delivered %d times (retry_counts %v): a lease lost in the failover expired", v, len(rs), rs)
 		}
 	}
-	s := rtWaitStats(t, via, topic, group, 10*time.Second, "dlq == 0 and replay_pending == 0", func(s rtGroupStats) bool {
+	s := rtWaitStats(t, via, topic, group, 10*time.Second, "dlq == 0 and replay_pending == 0", func(s tc.GroupStats) bool {
 		return s.DLQ == 0 && s.ReplayPending == 0
 	})
 	if s.Acked != n {
@@ -1175,14 +1155,14 @@ func testDLQReplayIdempotency(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("second delivery %d@%d %q, want %d@%d \"second\"", m2.Partition, m2.Offset, values(t, []tc.Message{m2})[0], second.Partition, second.Offset)
 	}
 	rtMustAck(t, fs[0], topic, group, []tc.Message{m2})
-	before := rtWaitStats(t, fs[0], topic, group, 5*time.Second, "acked == 1", func(s rtGroupStats) bool { return s.Acked == 1 && s.DLQ == 1 })
+	before := rtWaitStats(t, fs[0], topic, group, 5*time.Second, "acked == 1", func(s tc.GroupStats) bool { return s.Acked == 1 && s.DLQ == 1 })
 
 	if got := rtReplay(t, fs[1%len(fs)], topic, group, map[string]any{"ids": []uint64{deadID}}); got != 1 {
 		t.Fatalf("replay of dead letter %d: accepted %d, want 1", deadID, got)
 	}
 	// The replay is paced in the background: keep fetching for a while.
 	rtExpectNothing(t, fs[0], topic, group, 2*time.Second, fmt.Sprintf("replay of a dead message with key %q the group has already processed", key))
-	after := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0, replay_pending == 0, duplicates_skipped grew", func(s rtGroupStats) bool {
+	after := rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0, replay_pending == 0, duplicates_skipped grew", func(s tc.GroupStats) bool {
 		return s.DLQ == 0 && s.ReplayPending == 0 && s.DuplicatesSkipped > before.DuplicatesSkipped
 	})
 	t.Logf("stats before the replay %+v, after %+v", before, after)
@@ -1325,7 +1305,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 	if p := rtMustListDLQ(t, fs[0], topic, group, "idempotency_key=kA"); len(p.DeadLetters) != 2 {
 		t.Errorf("filter kA after deleting p3: %d letters, want 2", len(p.DeadLetters))
 	}
-	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 6", func(s rtGroupStats) bool { return s.DLQ == int64(len(specs)-1) })
+	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 6", func(s tc.GroupStats) bool { return s.DLQ == int64(len(specs)-1) })
 	for _, id := range []string{fmt.Sprint(victim.ID), "999999"} {
 		r, err := fs[0].Do(ctxFor(t, 10*time.Second), http.MethodDelete, rtGroupPath(topic, group)+"/dlq/"+id, nil, nil)
 		if err != nil {
@@ -1364,7 +1344,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 	if got := rtReplay(t, fs[0], topic, group, map[string]any{"ids": []uint64{victim.ID, 999999}}); got != 0 {
 		t.Errorf("replay of a deleted and an unknown id: accepted %d, want 0", got)
 	}
-	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 6, replay_pending == 0", func(s rtGroupStats) bool {
+	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 6, replay_pending == 0", func(s tc.GroupStats) bool {
 		return s.DLQ == int64(len(specs)-1) && s.ReplayPending == 0
 	})
 
@@ -1383,5 +1363,5 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		}
 	}
 	checkExactly(t, "replay all after deleting p3", values(t, msgs), want)
-	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0, replay_pending == 0", func(s rtGroupStats) bool { return s.DLQ == 0 && s.ReplayPending == 0 })
+	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0, replay_pending == 0", func(s tc.GroupStats) bool { return s.DLQ == 0 && s.ReplayPending == 0 })
 }
