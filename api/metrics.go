@@ -36,6 +36,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "Time from proposing a publish to its commit and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
 	m.reg.MustRegister(m.published, m.dedupHits, m.acks, m.requests, m.commitLat, &stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(s.node.Collectors()...)
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }
