@@ -6,12 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"strings"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
-// decodeStrict decodes one JSON value into v, refusing unknown fields,
-// wrong types and trailing data.
+// decodeStrict decodes one JSON object into v, refusing unknown fields,
+// field names not spelled exactly as the contract spells them ("MAX" is not
+// "max"), repeated fields, wrong types, invalid UTF-8 and trailing data.
+// It is github.com/go-json-experiment/json (encoding/json/v2 to be), whose
+// defaults are this strict and which decodes a 100-message batch ~10 times
+// faster than encoding/json with a second pass for the key spelling did
+// (BenchmarkDecodeBatch100).
 func decodeStrict(body []byte, v any) error {
 	switch t := bytes.TrimSpace(body); {
 	case len(t) == 0:
@@ -19,66 +26,27 @@ func decodeStrict(body []byte, v any) error {
 	case t[0] != '{':
 		return fmt.Errorf("%w: expected a JSON object", ErrBadRequest)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return fmt.Errorf("%w: field %q: expected %s, got %s", ErrBadRequest, te.Field, te.Type, te.Value)
+	dec := jsontext.NewDecoder(bytes.NewReader(body))
+	if err := jsonv2.UnmarshalDecode(dec, v, jsonv2.RejectUnknownMembers(true)); err != nil {
+		var se *jsonv2.SemanticError
+		switch {
+		case errors.As(err, &se) && errors.Is(se.Err, jsonv2.ErrUnknownName):
+			return fmt.Errorf("%w: unknown field %q", ErrBadRequest, fieldPath(se.JSONPointer))
+		case errors.As(err, &se) && se.JSONPointer != "":
+			return fmt.Errorf("%w: field %q: %v", ErrBadRequest, fieldPath(se.JSONPointer), err)
 		}
-		return fmt.Errorf("%w: %s", ErrBadRequest, err.Error())
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	if _, err := dec.ReadToken(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%w: trailing data after the JSON object", ErrBadRequest)
-	}
-	// encoding/json matches field names case-insensitively; the contract
-	// does not ("MAX" is not "max").
-	return exactKeys(body, reflect.TypeOf(v), "")
-}
-
-// exactKeys checks that every object key in raw is spelled exactly as a
-// json tag of the struct type t it decodes into, recursively.
-func exactKeys(raw []byte, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(raw, &obj) != nil || obj == nil {
-			return nil // null, or already refused by the decoder
-		}
-		for k, v := range obj {
-			f, ok := fieldByTag(t, k)
-			if !ok {
-				return fmt.Errorf("%w: unknown field %q", ErrBadRequest, path+k)
-			}
-			if err := exactKeys(v, f.Type, path+k+"."); err != nil {
-				return err
-			}
-		}
-	case reflect.Slice:
-		var elems []json.RawMessage
-		if json.Unmarshal(raw, &elems) != nil {
-			return nil
-		}
-		for i, e := range elems {
-			if err := exactKeys(e, t.Elem(), fmt.Sprintf("%s%d.", path, i)); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }
 
-func fieldByTag(t reflect.Type, name string) (reflect.StructField, bool) {
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
+// fieldPath renders a JSON pointer ("/messages/0/key") as the field path
+// the API's errors use ("messages.0.key").
+func fieldPath(p jsontext.Pointer) string {
+	return strings.ReplaceAll(strings.TrimPrefix(string(p), "/"), "/", ".")
 }
 
 // optBody decodes body into v when it is not empty.

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -54,6 +55,9 @@ func TestDecodeStrictRefuses(t *testing.T) {
 		{"empty", "", func() any { return &fetchBody{} }, "empty"},
 		{"blank", " \n\t ", func() any { return &fetchBody{} }, "empty"},
 		{"unknown field", `{"max":1,"maxx":2}`, func() any { return &fetchBody{} }, "maxx"},
+		{"field in another case", `{"MAX":1}`, func() any { return &fetchBody{} }, "MAX"},
+		{"repeated field", `{"max":1,"max":2}`, func() any { return &fetchBody{} }, "max"},
+		{"invalid UTF-8 in a string", "{\"messages\":[{\"value\":\"a\xffb\"}]}", func() any { return &batchBody{} }, "UTF-8"},
 		{"typo in topic config", `{"max_retries":3}`, func() any { return &topicBody{} }, "max_retries"},
 		{"unknown nested field", `{"messages":[{"value":"a","key":"k"}]}`, func() any { return &batchBody{} }, "key"},
 		{"string for number", `{"max":"5"}`, func() any { return &fetchBody{} }, "max"},
@@ -276,4 +280,31 @@ func FuzzDecodeBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecodeBatch100 decodes a messages:batch body of 100 messages of
+// 1 KiB with keys, the way publishBatch does.
+func BenchmarkDecodeBatch100(b *testing.B) {
+	v := strings.Repeat("x", 1024)
+	var sb strings.Builder
+	sb.WriteString(`{"messages":[`)
+	for i := range 100 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"value":%q,"idempotency_key":"key-%d"}`, v, i)
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var bb batchBody
+		if err := decodeStrict(body, &bb); err != nil {
+			b.Fatal(err)
+		}
+		if len(bb.Messages) != 100 {
+			b.Fatalf("decoded %d messages", len(bb.Messages))
+		}
+	}
 }

@@ -367,6 +367,6 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		if err != nil || r.Status != http.StatusOK {
 			t.Errorf("node %s /healthz after raw bad input: %v %v", nd, r, err)
 		}
-		mustPublish(t, nd, "bad", "still fine after raw input via "+nd.ID(), nil)
+		mustPublish(t, nd, topic, "still fine after raw input via "+nd.ID(), nil)
 	}
 }
