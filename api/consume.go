@@ -120,10 +120,15 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, e
 func (s *Server) readDeliveries(r *route, cfg mlog.Config, ds []group.Delivery) ([]fetchedMessage, error) {
 	out := make([]fetchedMessage, 0, len(ds))
 	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		parts := map[uint32]*mlog.Partition{} // a fetch reads from a few partitions
 		for _, d := range ds {
-			p, err := mlog.OpenPartition(tx, r.topic, d.Partition)
-			if err != nil {
-				return err
+			p, ok := parts[d.Partition]
+			if !ok {
+				var err error
+				if p, err = mlog.OpenPartition(tx, r.topic, d.Partition); err != nil {
+					return err
+				}
+				parts[d.Partition] = p
 			}
 			m, err := p.Get(d.Offset)
 			if err != nil {

@@ -111,12 +111,7 @@ func (s *Server) knownDuplicate(topic, key string, prod producer) (raftfsm.Publi
 // publishMsgs places the messages on partitions and commits them as one
 // command.
 func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, prod producer) (*raftfsm.Result, error) {
-	var cfg mlog.Config
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
-		var err error
-		cfg, err = mlog.GetConfig(tx, r.topic)
-		return err
-	})
+	cfg, err := s.topicConfig(r.topic)
 	if err != nil {
 		return nil, err
 	}

@@ -39,6 +39,7 @@ type Server struct {
 	fwd     *fasthttp.Client
 	waiters *waiters
 	metrics *metrics
+	cfgs    cfgCache
 	rr      atomic.Uint32 // round-robin partition choice
 }
 

@@ -11,9 +11,11 @@ import (
 func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
 	switch c.Op {
 	case OpPutTopic:
+		ev.ConfigChanged = true
 		created, err := mlog.PutTopic(tx, c.Topic, c.Patch)
 		return &Result{Created: created}, err
 	case OpDeleteTopic:
+		ev.ConfigChanged = true
 		return &Result{}, applyDeleteTopic(tx, c.Topic)
 	case OpPublish:
 		return applyPublish(tx, c, ev)

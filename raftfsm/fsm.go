@@ -36,6 +36,8 @@ type Result struct {
 type Events struct {
 	Topics map[string]struct{}
 	Timers []group.Timer
+	// ConfigChanged: a topic was created, changed or deleted.
+	ConfigChanged bool
 }
 
 func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
@@ -69,7 +71,13 @@ type FSM struct {
 	mu      sync.RWMutex // guards db against Restore's swap
 	db      *bolt.DB
 	applied atomic.Uint64
+	cfgGen  atomic.Uint64
 }
+
+// ConfigGen counts the batches that changed some topic's configuration
+// (and restores). It moves after the change is visible to View, so a
+// config read after loading generation g is at least as new as g.
+func (f *FSM) ConfigGen() uint64 { return f.cfgGen.Load() }
 
 var boltOpts = &bolt.Options{
 	NoSync: true, // durability comes from the raft log; see ARCHITECTURE.md
@@ -169,6 +177,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
 	}
 	f.applied.Store(logs[len(logs)-1].Index)
+	if ev.ConfigChanged {
+		f.cfgGen.Add(1)
+	}
 	if len(ev.Topics) > 0 && f.Notify != nil {
 		f.Notify(ev.Topics)
 	}
@@ -282,6 +293,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.db = db
+	f.cfgGen.Add(1)
 	var applied uint64
 	_ = db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bktMeta).Get(keyApplied); len(v) == 8 {

@@ -23,6 +23,52 @@ func TestFunctional(t *testing.T) {
 	t.Run("BadInput", func(t *testing.T) { t.Parallel(); testBadInput(t, c) })
 	t.Run("BadInputRaw", func(t *testing.T) { t.Parallel(); testBadInputRaw(t, c) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, c) })
+	t.Run("TopicChanges", func(t *testing.T) { t.Parallel(); testTopicChanges(t, c) })
+}
+
+// A topic's new configuration governs the very next publish (the leader
+// caches configurations between changes): more partitions are used at
+// once, a deleted and recreated topic starts over, a lower size limit
+// refuses what the old one took.
+func testTopicChanges(t *testing.T, c *tc.Cluster) {
+	leader, fs := mustRoles(t, c)
+	const topic = "cfg-change"
+	mustTopic(t, leader, topic, nil)
+	for _, n := range []*tc.Node{leader, fs[0]} {
+		mustPublish(t, n, topic, "before the change", nil)
+	}
+	mustTopic(t, fs[0], topic, map[string]any{"partitions": 4})
+	for i := range 40 {
+		mustPublish(t, []*tc.Node{leader, fs[0]}[i%2], topic, fmt.Sprintf("after growing %d", i), nil)
+	}
+	ctx := ctxFor(t, 15*time.Second)
+	s, err := leader.Stats(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Partitions) != 4 || s.NextOffsets() != 42 {
+		t.Fatalf("after growing to 4 partitions and 42 publishes: %d partitions, %d messages", len(s.Partitions), s.NextOffsets())
+	}
+	for _, p := range s.Partitions {
+		if p.NextOffset == 0 {
+			t.Errorf("partition %d got none of 40 round-robin publishes after growing: %+v", p.Partition, s.Partitions)
+		}
+	}
+
+	if r, err := leader.Do(ctx, http.MethodDelete, "/v1/topics/"+topic, nil, nil); err != nil || r.Status/100 != 2 {
+		t.Fatalf("delete %s: %v %v", topic, r, err)
+	}
+	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 10})
+	pr := mustPublish(t, fs[0], topic, "0123456789", nil)
+	if pr.Partition != 0 || pr.Offset != 0 {
+		t.Errorf("first publish to the recreated topic: %+v, want partition 0 offset 0", pr)
+	}
+	r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages", "0123456789A", nil)
+	if err != nil || r.Status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("11 bytes to a topic with max_message_bytes 10: %v %v, want 413", r, err)
+	}
+	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 20})
+	mustPublish(t, leader, topic, "0123456789A", nil)
 }
 
 // Publish through one follower, fetch and ack through the other; stats agree.

@@ -1,0 +1,48 @@
+package api
+
+import (
+	"sync"
+
+	mlog "github.com/mqd/mqd/log"
+	bolt "go.etcd.io/bbolt"
+)
+
+// cfgCache keeps topic configurations between changes, so that a publish
+// does not open a bbolt read transaction just to learn its topic's
+// partition count and size limit. Entries are valid for one FSM config
+// generation; the FSM re-checks everything a stale entry could get wrong
+// (size limit, partition range) when it applies the publish.
+type cfgCache struct {
+	mu  sync.RWMutex
+	gen uint64
+	m   map[string]mlog.Config
+}
+
+// topicConfig returns the topic's configuration, from the cache while no
+// topic changed since it was read.
+func (s *Server) topicConfig(topic string) (mlog.Config, error) {
+	gen := s.node.FSM.ConfigGen() // before the read: a newer change invalidates it
+	c := &s.cfgs
+	c.mu.RLock()
+	cfg, ok := c.m[topic]
+	hit := ok && c.gen == gen
+	c.mu.RUnlock()
+	if hit {
+		return cfg, nil
+	}
+	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		cfg, err = mlog.GetConfig(tx, topic)
+		return err
+	})
+	if err != nil {
+		return cfg, err
+	}
+	c.mu.Lock()
+	if c.gen != gen || c.m == nil {
+		c.gen, c.m = gen, map[string]mlog.Config{}
+	}
+	c.m[topic] = cfg
+	c.mu.Unlock()
+	return cfg, nil
+}
