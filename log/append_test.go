@@ -3,6 +3,7 @@ package log
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -422,4 +423,33 @@ func TestPartitionHead(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// BenchmarkTrimTo appends b.N messages of 1 KiB in transactions of 100 and
+// then trims them 100 per transaction, the way consumed messages leave a
+// work-queue topic. Only the trimming is timed.
+func BenchmarkTrimTo(b *testing.B) {
+	db := mustDB(b)
+	mustPutTopic(b, db, "t", Patch{})
+	val := strings.Repeat("v", 1024)
+	vals := make([]string, 100)
+	at := make([]int64, 100)
+	for i := range vals {
+		vals[i], at[i] = val, 1
+	}
+	for done := 0; done < b.N; done += 100 {
+		mustAppend(b, db, "t", 0, at, vals...)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for off := uint64(0); off < uint64(b.N); off += 100 {
+		mustUpdate(b, db, func(tx *bolt.Tx) error {
+			part, err := OpenPartition(tx, "t", 0)
+			if err != nil {
+				return err
+			}
+			_, err = part.TrimTo(off + 100)
+			return err
+		})
+	}
 }

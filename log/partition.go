@@ -1,6 +1,7 @@
 package log
 
 import (
+	"bytes"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
@@ -144,13 +145,15 @@ func (p *Partition) TrimTo(off uint64) (uint64, error) {
 		off = p.Meta.Next
 	}
 	var n uint64
+	c := p.msgs.Cursor()
 	for p.Meta.First < off {
+		// One seek per message: the cursor finds it and deletes it.
 		k := U64Key(p.Meta.First)
-		if v := p.msgs.Get(k); v != nil {
+		if ck, v := c.Seek(k); bytes.Equal(ck, k) {
 			if m, err := decodeMessage(v); err == nil && p.Meta.Bytes >= uint64(len(m.Value)) {
 				p.Meta.Bytes -= uint64(len(m.Value))
 			}
-			if err := p.msgs.Delete(k); err != nil {
+			if err := c.Delete(); err != nil {
 				return n, err
 			}
 		}
