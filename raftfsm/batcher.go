@@ -76,7 +76,7 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
-	p := &pending{cmd: c, size: approxSize(c), queued: time.Now(), done: make(chan batchResult, 1)}
+	p := &pending{cmd: c, size: c.sizeHint(), queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
 	case n.batch.in <- p:
 	case <-ctx.Done():
@@ -88,14 +88,6 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
 	}
-}
-
-func approxSize(c *Command) int {
-	n := 64
-	for _, m := range c.Msgs {
-		n += len(m.Msg.Value) + len(m.Msg.IdempotencyKey) + 32
-	}
-	return n + 24*len(c.Receipts)
 }
 
 // run gathers commands into batches until ctx ends. A batch is closed only

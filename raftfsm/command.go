@@ -85,14 +85,39 @@ type Command struct {
 
 // Encode renders the command in the versioned binary encoding.
 func (c *Command) Encode() []byte {
-	var e mlog.Enc
+	e := mlog.Enc{B: make([]byte, 0, c.sizeHint())}
+	c.encode(&e)
+	return e.B
+}
+
+// sizeHint is about the encoded size (more for most commands), so that
+// Encode allocates its buffer once: a batch of messages is megabytes.
+func (c *Command) sizeHint() int {
+	n := 64 + len(c.Topic) + len(c.Group) + len(c.Producer) + len(c.NodeID) + len(c.Reason) +
+		30*len(c.Receipts) + 10*(len(c.IDs)+len(c.Rands))
+	for _, x := range c.Expired {
+		n += 40 + len(x.Topic) + len(x.Group)
+	}
+	for _, m := range c.Msgs {
+		n += 80 + len(m.Msg.Value) + len(m.Msg.IdempotencyKey)
+		for _, a := range m.Msg.Attrs {
+			n += 20 + len(a.Name) + len(a.Value)
+		}
+	}
+	for _, sub := range c.Batch {
+		n += 10 + sub.sizeHint()
+	}
+	return n
+}
+
+func (c *Command) encode(e *mlog.Enc) {
 	e.Byte(codecVersion)
 	e.Byte(byte(c.Op))
 	e.I64(c.Now)
 	switch c.Op {
 	case OpPutTopic:
 		e.Str(c.Topic)
-		c.Patch.Encode(&e)
+		c.Patch.Encode(e)
 	case OpDeleteTopic, OpTrim:
 		e.Str(c.Topic)
 	case OpPutGroup, OpDeleteGroup:
@@ -105,14 +130,17 @@ func (c *Command) Encode() []byte {
 		e.U64(uint64(len(c.Msgs)))
 		for _, m := range c.Msgs {
 			e.U64(uint64(m.Partition))
-			m.Msg.Encode(&e)
+			m.Msg.Encode(e)
 		}
 	case OpDedupExpire:
 		e.U64(uint64(c.Max))
 	case OpMulti:
 		e.U64(uint64(len(c.Batch)))
-		for _, sub := range c.Batch {
-			e.Bytes(sub.Encode())
+		var sub mlog.Enc // one scratch buffer for every sub-command
+		for _, c := range c.Batch {
+			sub.B = sub.B[:0]
+			c.encode(&sub)
+			e.Bytes(sub.B)
 		}
 	case OpLease:
 		e.Str(c.Topic)
@@ -123,22 +151,22 @@ func (c *Command) Encode() []byte {
 		e.Str(c.Topic)
 		e.Str(c.Group)
 		e.I64(c.LeaseMs)
-		encodeReceipts(&e, c.Receipts)
+		encodeReceipts(e, c.Receipts)
 	case OpExpire:
 		e.U64(uint64(len(c.Expired)))
 		for _, x := range c.Expired {
 			e.Str(x.Topic)
 			e.Str(x.Group)
-			encodeReceipts(&e, []group.Receipt{x.Receipt})
+			encodeReceipts(e, []group.Receipt{x.Receipt})
 		}
 		e.Str(c.NodeID)
-		encodeRands(&e, c.Rands)
+		encodeRands(e, c.Rands)
 	case OpNack:
 		e.Str(c.Topic)
 		e.Str(c.Group)
-		encodeReceipts(&e, c.Receipts)
+		encodeReceipts(e, c.Receipts)
 		e.Str(c.NodeID)
-		encodeRands(&e, c.Rands)
+		encodeRands(e, c.Rands)
 		e.Str(c.Reason)
 		e.Bool(c.Retryable)
 		e.I64(c.DelayMs)
@@ -157,7 +185,6 @@ func (c *Command) Encode() []byte {
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)
 	}
-	return e.B
 }
 
 func encodeRands(e *mlog.Enc, rs []uint32) {
