@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/mqd/mqd/group"
@@ -84,6 +85,25 @@ type Command struct {
 }
 
 // Encode renders the command in the versioned binary encoding.
+// encodeMulti is Command{Op: OpMulti, Batch: subs}.Encode() for commands
+// already encoded.
+func encodeMulti(subs [][]byte) []byte {
+	var e mlog.Enc
+	n := 16
+	for _, s := range subs {
+		n += len(s) + binary.MaxVarintLen32
+	}
+	e.B = make([]byte, 0, n)
+	e.Byte(codecVersion)
+	e.Byte(byte(OpMulti))
+	e.I64(0)
+	e.U64(uint64(len(subs)))
+	for _, s := range subs {
+		e.Bytes(s)
+	}
+	return e.B
+}
+
 func (c *Command) Encode() []byte {
 	e := mlog.Enc{B: make([]byte, 0, c.sizeHint())}
 	c.encode(&e)

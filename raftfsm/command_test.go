@@ -355,3 +355,19 @@ func FuzzDecodeCommand(f *testing.F) {
 		}
 	})
 }
+
+// encodeMulti of encoded commands is exactly the OpMulti encoding.
+func TestEncodeMulti(t *testing.T) {
+	subs := []*Command{
+		{Op: OpPublish, Now: 5, Topic: "t", Msgs: []mlog.Placed{{Partition: 1, Msg: &mlog.Message{Value: []byte("v"), MaxRetry: -1}}}},
+		{Op: OpAck, Now: 6, Topic: "t", Group: "g", Receipts: []group.Receipt{{Partition: 1, Offset: 2, Delivery: 3}}},
+	}
+	var enc [][]byte
+	for _, c := range subs {
+		enc = append(enc, c.Encode())
+	}
+	want := (&Command{Op: OpMulti, Batch: subs}).Encode()
+	if got := encodeMulti(enc); !bytes.Equal(got, want) {
+		t.Fatalf("encodeMulti = %x, want %x", got, want)
+	}
+}

@@ -183,6 +183,15 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 // Apply proposes a command on the leader and waits for it to be committed
 // on a majority and applied here, or for ctx to end.
 func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
+	f, err := n.propose(ctx, c.Encode())
+	if err != nil {
+		return nil, err
+	}
+	return n.await(ctx, f)
+}
+
+// propose hands an encoded command to Raft without waiting for it.
+func (n *Node) propose(ctx context.Context, data []byte) (raft.ApplyFuture, error) {
 	if n.Raft.State() != raft.Leader {
 		return nil, ErrNotLeader
 	}
@@ -193,7 +202,12 @@ func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
 			return nil, ErrNoQuorum
 		}
 	}
-	f := n.Raft.Apply(c.Encode(), timeout)
+	return n.Raft.Apply(data, timeout), nil
+}
+
+// await waits for a proposed command to be committed and applied here, or
+// for ctx to end.
+func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*Result, error) {
 	done := make(chan struct{})
 	go func() { _ = f.Error(); close(done) }()
 	select {
@@ -213,7 +227,7 @@ func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
 	}
 	res, _ := f.Response().(*Result)
 	if res == nil {
-		return nil, fmt.Errorf("%w: no result for %s", ErrNoQuorum, c.Op)
+		return nil, fmt.Errorf("%w: no result", ErrNoQuorum)
 	}
 	if res.Err != nil {
 		return res, res.Err
