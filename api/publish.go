@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -75,7 +74,9 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 		writeJSON(ctx, 200, publishAnswer{Topic: r.topic, Partition: dup.Partition, Offset: dup.Offset, Duplicate: true})
 		return nil
 	}
-	m.msg.Value = bytes.Clone(ctx.PostBody()) // fasthttp reuses the body buffer
+	// The value aliases fasthttp's body buffer, reused after this handler
+	// returns: ApplyBatched encodes (copies) it before it waits.
+	m.msg.Value = ctx.PostBody()
 	res, err := s.publishMsgs(ctx, r, []pubMsg{m}, prod)
 	if err != nil {
 		return err

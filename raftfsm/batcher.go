@@ -29,7 +29,7 @@ const (
 )
 
 type pending struct {
-	cmd    *Command
+	enc    []byte // the encoded command
 	size   int
 	queued time.Time
 	done   chan batchResult
@@ -74,11 +74,18 @@ func (n *Node) Collectors() []prometheus.Collector {
 
 // ApplyBatched is Apply for commands that may share a log entry with
 // others (each is applied on its own; one's failure does not fail another).
+// It encodes c before it waits: from then on c and the buffers it refers
+// to are the caller's again, even if ApplyBatched returns early.
 func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
-	p := &pending{cmd: c, size: c.sizeHint(), queued: time.Now(), done: make(chan batchResult, 1)}
+	// Encoded here, in the caller's goroutine: the many callers encode in
+	// parallel rather than the batcher one after the other, and once this
+	// returns nothing refers to the caller's buffers (a publish's value may
+	// alias its request body).
+	enc := c.Encode()
+	p := &pending{enc: enc, size: len(enc), queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
 	case n.batch.in <- p:
 	case <-ctx.Done():
@@ -208,7 +215,7 @@ func packEntries(batch []*pending) []entry {
 		subs, size, first = subs[:0], 0, end
 	}
 	for i, p := range batch {
-		enc := p.cmd.Encode()
+		enc := p.enc
 		if len(subs) > 0 && size+len(enc) > entryBytes {
 			flush(i)
 		}

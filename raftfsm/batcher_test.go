@@ -11,8 +11,9 @@ import (
 // together up to entryBytes and a larger command in an entry of its own.
 func TestPackEntries(t *testing.T) {
 	pub := func(size int) *pending {
-		return &pending{cmd: &Command{Op: OpPublish, Topic: "t",
-			Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: bytes.Repeat([]byte("x"), size)}}}}}
+		enc := (&Command{Op: OpPublish, Topic: "t",
+			Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: bytes.Repeat([]byte("x"), size)}}}}).Encode()
+		return &pending{enc: enc, size: len(enc)}
 	}
 	var batch []*pending
 	sizes := []int{1000, 1000, entryBytes, 1000, entryBytes / 2, entryBytes / 2, 10}
@@ -38,7 +39,7 @@ func TestPackEntries(t *testing.T) {
 		}
 		if e.n > 1 {
 			for j, sub := range c.Batch {
-				if want := len(batch[e.first+j].cmd.Msgs[0].Msg.Value); len(sub.Msgs[0].Msg.Value) != want {
+				if want := sizes[e.first+j]; len(sub.Msgs[0].Msg.Value) != want {
 					t.Errorf("entry %d command %d has a %d-byte value, want %d (order)", i, j, len(sub.Msgs[0].Msg.Value), want)
 				}
 			}
