@@ -104,6 +104,7 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 // pipeline was full goes into the next entry together (closing it earlier
 // would send a nearly empty entry and make the rest wait a whole round).
 func (b *batcher) run(ctx context.Context) {
+	defer b.drain()
 	for {
 		select {
 		case b.slots <- struct{}{}:
@@ -224,6 +225,19 @@ func packEntries(batch []*pending) []entry {
 	}
 	flush(len(batch))
 	return out
+}
+
+// drain answers what is still queued when the batcher stops: nothing of
+// it was proposed.
+func (b *batcher) drain() {
+	for {
+		select {
+		case p := <-b.in:
+			p.done <- batchResult{nil, ErrShutdown}
+		default:
+			return
+		}
+	}
 }
 
 func fail(batch []*pending, err error) {
