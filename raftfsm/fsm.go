@@ -72,6 +72,24 @@ type FSM struct {
 	db      *bolt.DB
 	applied atomic.Uint64
 	cfgGen  atomic.Uint64
+	// logBytes counts the bytes of raft entries applied since start;
+	// snapBytes is its value at the latest snapshot (taken or restored).
+	logBytes  atomic.Uint64
+	snapBytes atomic.Uint64
+}
+
+// BytesSinceSnapshot is how many bytes of raft entries this node applied
+// since its latest snapshot (since start, if it took none since).
+func (f *FSM) BytesSinceSnapshot() uint64 { return f.logBytes.Load() - f.snapBytes.Load() }
+
+// Size is the size of the state a snapshot copies, in bytes.
+func (f *FSM) Size() int64 {
+	var n int64
+	_ = f.View(func(tx *bolt.Tx) error {
+		n = tx.Size()
+		return nil
+	})
+	return n
 }
 
 // ConfigGen counts the batches that changed some topic's configuration
@@ -177,6 +195,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
 	}
 	f.applied.Store(logs[len(logs)-1].Index)
+	var bytes uint64
+	for _, l := range logs {
+		bytes += uint64(len(l.Data))
+	}
+	f.logBytes.Add(bytes)
 	if ev.ConfigChanged {
 		f.cfgGen.Add(1)
 	}
@@ -243,6 +266,7 @@ func (f *FSM) Nodes() map[string]NodeInfo {
 // Snapshot implements raft.FSM: it opens a read transaction, which bbolt
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.snapBytes.Store(f.logBytes.Load()) // raft calls this between applies
 	f.mu.RLock()
 	tx, err := f.db.Begin(false)
 	f.mu.RUnlock()
@@ -294,6 +318,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.db = db
 	f.cfgGen.Add(1)
+	f.snapBytes.Store(f.logBytes.Load())
 	var applied uint64
 	_ = db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bktMeta).Get(keyApplied); len(v) == 8 {

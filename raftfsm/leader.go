@@ -38,6 +38,7 @@ func (n *Node) Run(ctx context.Context) {
 		}
 	}()
 	go n.batch.run(ctx)
+	go n.snapshotLoop(ctx)
 	ch := n.Raft.LeaderCh()
 	for {
 		select {

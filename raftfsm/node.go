@@ -124,7 +124,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.Logger = hlog
 	rc.BatchApplyCh = true
 	rc.MaxAppendEntries = 1024
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotThreshold = raftSnapshotOff // snapshotLoop decides (snapshots.go)
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.HeartbeatTimeout = 1500 * time.Millisecond

@@ -3,6 +3,8 @@ package test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,5 +112,81 @@ func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 	got, _, err := f.Fetch(rctx, topic, "after-wipe", tc.FetchRequest{Max: 10, WaitMs: 3000})
 	if err != nil || len(got) != 1 || values(t, got)[0] != "after catch-up" {
 		t.Fatalf("fetch via wiped follower after a new publish: %d messages, %v", len(got), err)
+	}
+}
+
+// Once the state is large, entries alone no longer trigger a snapshot (it
+// copies the whole state): the log since the last one must also hold at
+// least half the state's size. Small publishes past the entry threshold
+// leave the snapshot where it is; as many bytes as half the state move it.
+func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, tc.WithSnapshot(50, 200*time.Millisecond, 50))
+	n := c.Nodes()[0]
+	ctx := ctxFor(t, 120*time.Second)
+	const topic = "snap-bytes"
+	mustTopic(t, n, topic, nil)
+	value := strings.Repeat("v", 8<<10)
+	var batch strings.Builder
+	batch.WriteString(`{"messages":[`)
+	for i := range 100 {
+		if i > 0 {
+			batch.WriteByte(',')
+		}
+		batch.WriteString(`{"value":"` + value + `"}`)
+	}
+	batch.WriteString(`]}`)
+	publishMiB := func(mib int) {
+		t.Helper()
+		for range mib * (1 << 20) / (100 * len(value)) {
+			r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", batch.String(), nil)
+			if err == nil {
+				err = r.Expect(http.StatusOK)
+			}
+			if err != nil {
+				t.Fatalf("batch publish: %v", err)
+			}
+		}
+	}
+	// settled waits until the snapshot index has not moved for 1 s.
+	settled := func() uint64 {
+		t.Helper()
+		last, since := uint64(0), time.Now()
+		for time.Since(since) < time.Second {
+			ci, err := n.Cluster(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ci.LastSnapshotIndex != last {
+				last, since = ci.LastSnapshotIndex, time.Now()
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return last
+	}
+
+	publishMiB(80) // the state passes 64 MiB (snapshots by entries until then)
+	s1 := settled()
+	if s1 == 0 {
+		t.Fatalf("no snapshot while publishing 80 MiB with --snapshot-threshold 50")
+	}
+	for i := range 200 { // 200 entries, a few KiB of log
+		mustPublish(t, n, topic, fmt.Sprintf("small %d", i), nil)
+	}
+	time.Sleep(1500 * time.Millisecond) // 7 checks
+	if s2 := settled(); s2 != s1 {
+		t.Fatalf("snapshot moved from %d to %d after 200 small publishes: with an 80 MiB state it should wait for 40 MiB of log", s1, s2)
+	}
+	publishMiB(48)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ci, err := n.Cluster(ctx)
+		if err == nil && ci.LastSnapshotIndex > s1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot after 48 MiB more of log (80 MiB state): %+v %v", ci, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

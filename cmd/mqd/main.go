@@ -51,7 +51,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.raftAdvertise, flagRaftAdvertise, "", "Raft address peers dial (default: --raft-addr)")
 	fs.IntVar(&o.bootstrapExpect, flagBootstrapExpect, 0, "with --join: form a new cluster once N nodes have found each other")
 	fs.StringVar(&o.join, flagJoin, "", "comma-separated HTTP addresses of other nodes")
-	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots")
+	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots (at least; a state over 64 MiB also waits for log bytes worth half of it)")
 	fs.DurationVar(&o.snapshotInterval, flagSnapshotInterval, 30*time.Second, "how often to check whether to snapshot")
 	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot")
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
