@@ -44,6 +44,8 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		err := n.Raft.Snapshot().Error()
 		switch {
 		case errors.Is(err, raft.ErrNothingNewToSnapshot):
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return
 		case err != nil:
 			n.logger.Warn("snapshot failed", "err", err)
 		default:
