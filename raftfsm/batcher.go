@@ -30,7 +30,6 @@ const (
 
 type pending struct {
 	enc    []byte // the encoded command
-	size   int
 	queued time.Time
 	done   chan batchResult
 }
@@ -85,7 +84,7 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	// returns nothing refers to the caller's buffers (a publish's value may
 	// alias its request body).
 	enc := c.Encode()
-	p := &pending{enc: enc, size: len(enc), queued: time.Now(), done: make(chan batchResult, 1)}
+	p := &pending{enc: enc, queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
 	case n.batch.in <- p:
 	case <-ctx.Done():
@@ -118,13 +117,13 @@ func (b *batcher) run(ctx context.Context) {
 		case first = <-b.in:
 		}
 		batch := []*pending{first}
-		size := first.size
+		size := len(first.enc)
 	fill:
 		for len(batch) < maxBatchCmds && size < maxBatchBytes {
 			select {
 			case p := <-b.in:
 				batch = append(batch, p)
-				size += p.size
+				size += len(p.enc)
 			default:
 				break fill
 			}
@@ -210,7 +209,7 @@ func packEntries(batch []*pending) []entry {
 		if e.n == 1 {
 			e.data = subs[0]
 		} else {
-			e.data = encodeMulti(subs)
+			e.data = encodeMulti(0, subs)
 		}
 		out = append(out, e)
 		subs, size, first = subs[:0], 0, end

@@ -13,7 +13,7 @@ func TestPackEntries(t *testing.T) {
 	pub := func(size int) *pending {
 		enc := (&Command{Op: OpPublish, Topic: "t",
 			Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: bytes.Repeat([]byte("x"), size)}}}}).Encode()
-		return &pending{enc: enc, size: len(enc)}
+		return &pending{enc: enc}
 	}
 	var batch []*pending
 	sizes := []int{1000, 1000, entryBytes, 1000, entryBytes / 2, entryBytes / 2, 10}

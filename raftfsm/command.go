@@ -85,28 +85,34 @@ type Command struct {
 }
 
 // Encode renders the command in the versioned binary encoding.
-// encodeMulti is Command{Op: OpMulti, Batch: subs}.Encode() for commands
-// already encoded.
-func encodeMulti(subs [][]byte) []byte {
-	var e mlog.Enc
+func (c *Command) Encode() []byte {
+	if c.Op == OpMulti {
+		subs := make([][]byte, len(c.Batch))
+		for i, sub := range c.Batch {
+			subs[i] = sub.Encode()
+		}
+		return encodeMulti(c.Now, subs)
+	}
+	e := mlog.Enc{B: make([]byte, 0, c.sizeHint())}
+	c.encode(&e)
+	return e.B
+}
+
+// encodeMulti is the OpMulti encoding of commands already encoded (the
+// batcher's commands are encoded by their callers).
+func encodeMulti(now int64, subs [][]byte) []byte {
 	n := 16
 	for _, s := range subs {
 		n += len(s) + binary.MaxVarintLen32
 	}
-	e.B = make([]byte, 0, n)
+	e := mlog.Enc{B: make([]byte, 0, n)}
 	e.Byte(codecVersion)
 	e.Byte(byte(OpMulti))
-	e.I64(0)
+	e.I64(now)
 	e.U64(uint64(len(subs)))
 	for _, s := range subs {
 		e.Bytes(s)
 	}
-	return e.B
-}
-
-func (c *Command) Encode() []byte {
-	e := mlog.Enc{B: make([]byte, 0, c.sizeHint())}
-	c.encode(&e)
 	return e.B
 }
 
@@ -124,12 +130,10 @@ func (c *Command) sizeHint() int {
 			n += 20 + len(a.Name) + len(a.Value)
 		}
 	}
-	for _, sub := range c.Batch {
-		n += 10 + sub.sizeHint()
-	}
 	return n
 }
 
+// encode appends any command but OpMulti (Encode frames those).
 func (c *Command) encode(e *mlog.Enc) {
 	e.Byte(codecVersion)
 	e.Byte(byte(c.Op))
@@ -154,14 +158,6 @@ func (c *Command) encode(e *mlog.Enc) {
 		}
 	case OpDedupExpire:
 		e.U64(uint64(c.Max))
-	case OpMulti:
-		e.U64(uint64(len(c.Batch)))
-		var sub mlog.Enc // one scratch buffer for every sub-command
-		for _, c := range c.Batch {
-			sub.B = sub.B[:0]
-			c.encode(&sub)
-			e.Bytes(sub.B)
-		}
 	case OpLease:
 		e.Str(c.Topic)
 		e.Str(c.Group)

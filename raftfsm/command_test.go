@@ -356,7 +356,8 @@ func FuzzDecodeCommand(f *testing.F) {
 	})
 }
 
-// encodeMulti of encoded commands is exactly the OpMulti encoding.
+// encodeMulti frames already encoded commands (the batcher's path) into
+// an OpMulti that decodes to those commands, with its own time.
 func TestEncodeMulti(t *testing.T) {
 	subs := []*Command{
 		{Op: OpPublish, Now: 5, Topic: "t", Msgs: []mlog.Placed{{Partition: 1, Msg: &mlog.Message{Value: []byte("v"), MaxRetry: -1}}}},
@@ -366,8 +367,16 @@ func TestEncodeMulti(t *testing.T) {
 	for _, c := range subs {
 		enc = append(enc, c.Encode())
 	}
-	want := (&Command{Op: OpMulti, Batch: subs}).Encode()
-	if got := encodeMulti(enc); !bytes.Equal(got, want) {
-		t.Fatalf("encodeMulti = %x, want %x", got, want)
+	got, err := DecodeCommand(encodeMulti(7, enc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Op != OpMulti || got.Now != 7 || len(got.Batch) != len(subs) {
+		t.Fatalf("decoded %s now %d with %d commands, want multi now 7 with %d", got.Op, got.Now, len(got.Batch), len(subs))
+	}
+	for i, sub := range got.Batch {
+		if !bytes.Equal(sub.Encode(), enc[i]) {
+			t.Errorf("command %d decodes as %+v, want %+v", i, sub, subs[i])
+		}
 	}
 }

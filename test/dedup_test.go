@@ -166,6 +166,22 @@ func ensureUp(t *testing.T, c *tc.Cluster) {
 
 // fetchAny fetches through the nodes in turn, retrying after no answer or
 // 503 until ctx ends.
+// fetchNothing fetches once through nodes and reports (t.Errorf) whatever
+// arrives; format and args say why nothing should. It answers whether
+// nothing did.
+func fetchNothing(ctx context.Context, t *testing.T, nodes []*tc.Node, topic, group string, req tc.FetchRequest, format string, args ...any) bool {
+	t.Helper()
+	got, err := fetchAny(ctx, nodes, topic, group, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) > 0 {
+		t.Errorf("%s: got %s; want nothing", fmt.Sprintf(format, args...), keysOf(got))
+		return false
+	}
+	return true
+}
+
 func fetchAny(ctx context.Context, nodes []*tc.Node, topic, group string, req tc.FetchRequest) ([]tc.Message, error) {
 	var last error
 	for i := 0; ; i++ {
@@ -971,19 +987,16 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 	}); err != nil {
 		t.Errorf("stats with one %q leased and one held: %+v; want in_flight 1, backlog 1 (held counts as backlog) (%v)", key, g, err)
 	}
-	got, err := fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 30000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Fatalf("fetch while %q is leased at %d@%d: got %s; want nothing", key, held.Partition, held.Offset, keysOf(got))
+	if !fetchNothing(ctx, t, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 30000},
+		"fetch while %q is leased at %d@%d", key, held.Partition, held.Offset) {
+		t.FailNow()
 	}
 
 	// Nack it: one K (either) becomes deliverable, and only one.
 	if st, err := receiptOp(ctx, nodes, "nack", topic, group, held.Receipt, map[string]any{"delay_ms": 0, "reason": "test"}); err != nil || st != "ok" {
 		t.Fatalf("nack of the leased %q: %q %v; want ok", key, st, err)
 	}
-	got, err = fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 3000, LeaseMs: 800})
+	got, err := fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 3000, LeaseMs: 800})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1011,13 +1024,8 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 	if st, err := receiptOp(ctx, nodes, "ack", topic, group, third.Receipt, nil); err != nil || (st != "ok" && st != "ok?") {
 		t.Fatalf("ack of %q: %q %v; want ok", key, st, err)
 	}
-	got, err = fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 30000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Errorf("fetch after acking %q: got %s; want nothing (the other %q is a processed duplicate)", key, keysOf(got), key)
-	}
+	fetchNothing(ctx, t, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 30000},
+		"fetch after acking %q (the other %q is a processed duplicate)", key, key)
 	if g, err := groupStats(t, leader, topic, group, 10*time.Second, func(g tc.GroupStats) bool {
 		return g.DuplicatesSkipped >= 1 && g.Backlog == 0 && g.InFlight == 0
 	}); err != nil {
@@ -1077,13 +1085,8 @@ func testDedupGroupDLQReplay(t *testing.T, c *tc.Cluster) {
 	if g, err := groupStats(t, leader, topic, group, 10*time.Second, func(g tc.GroupStats) bool { return g.DLQ == 0 }); err != nil {
 		t.Fatalf("DLQ not replayed: %+v (%v)", g, err)
 	}
-	got, err = fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 30000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Errorf("after replaying a dead letter whose key %q the group had processed: got %s; want nothing", key, keysOf(got))
-	}
+	fetchNothing(ctx, t, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 30000},
+		"after replaying a dead letter whose key %q the group had processed", key)
 	if g, err := groupStats(t, leader, topic, group, 10*time.Second, func(g tc.GroupStats) bool {
 		return g.DuplicatesSkipped >= 1 && g.Backlog == 0 && g.InFlight == 0 && g.DLQ == 0
 	}); err != nil {
@@ -1119,25 +1122,15 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	}
 	live := c.Live()
 	t.Logf("killed leader %s; new leader %s after %v", leader, nl, time.Since(leasedAt).Round(time.Millisecond))
-	got, err := fetchAny(ctx, live, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 20000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Errorf("fetch on the new leader while %q is still leased (lease 20 s): got %s; want nothing", key, keysOf(got))
-	}
+	fetchNothing(ctx, t, live, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 20000},
+		"fetch on the new leader while %q is still leased (lease 20 s)", key)
 	st, err := receiptOp(ctx, live, "ack", topic, group, leased.Receipt, nil)
 	if err != nil || (st != "ok" && st != "ok?") {
 		t.Fatalf("ack of %q at %d@%d after the failover, %v into its 20 s lease: %q %v; want ok",
 			key, leased.Partition, leased.Offset, time.Since(leasedAt).Round(time.Millisecond), st, err)
 	}
-	got, err = fetchAny(ctx, live, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 20000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Errorf("fetch after acking %q on the new leader: got %s; want nothing", key, keysOf(got))
-	}
+	fetchNothing(ctx, t, live, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1500, LeaseMs: 20000},
+		"fetch after acking %q on the new leader", key)
 	if g, err := groupStats(t, nl, topic, group, 10*time.Second, func(g tc.GroupStats) bool {
 		return g.DuplicatesSkipped >= 1 && g.Backlog == 0 && g.InFlight == 0
 	}); err != nil {
@@ -1148,13 +1141,8 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("cluster not ready after restarting %s: %v", leader, err)
 	}
-	got, err = fetchAny(ctx, []*tc.Node{leader}, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 20000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) > 0 {
-		t.Errorf("fetch through the restarted old leader %s: got %s; want nothing", leader, keysOf(got))
-	}
+	fetchNothing(ctx, t, []*tc.Node{leader}, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 20000},
+		"fetch through the restarted old leader %s", leader)
 }
 
 // ---- 8. snapshot install and restart keep the dedup index ----
