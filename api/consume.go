@@ -88,7 +88,7 @@ func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 // tryLease leases what is deliverable now, without a Raft round trip when
-// nothing is.
+// nothing is and the group exists (a first fetch creates its group).
 func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, error) {
 	now := nowMs()
 	ok := false
@@ -98,7 +98,7 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, e
 		if cfg, err = mlog.GetConfig(tx, r.topic); err != nil {
 			return err
 		}
-		ok, err = group.Deliverable(tx, r.topic, r.group, now)
+		ok, err = group.NeedsLease(tx, r.topic, r.group, now)
 		return err
 	})
 	if err != nil || !ok {

@@ -3,6 +3,7 @@ package group
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -289,25 +290,22 @@ func DueLeases(tx *bolt.Tx, now int64, limit int) ([]Expired, error) {
 	return out, nil
 }
 
-// Deliverable reports whether a fetch at now would find a message: one due
-// for redelivery or one past the cursor. A missing group starts at the head.
-func Deliverable(tx *bolt.Tx, topic, name string, now int64) (bool, error) {
+// NeedsLease reports whether a fetch at now must propose a lease command:
+// a message is due for redelivery or past the cursor, or the group does not
+// exist yet. A first fetch creates its group even when it finds nothing
+// (retention keeps messages until every group has acked them, so a group
+// that exists only in a consumer's mind would lose what others ack).
+func NeedsLease(tx *bolt.Tx, topic, name string, now int64) (bool, error) {
 	l, err := mlog.Open(tx, topic)
 	if err != nil {
 		return false, err
 	}
 	g, err := Open(tx, l, name, false, now)
+	if errors.Is(err, ErrGroupNotFound) {
+		return true, nil
+	}
 	if err != nil {
-		parts, err := mlog.Partitions(tx, topic)
-		if err != nil {
-			return false, err
-		}
-		for _, p := range parts {
-			if p.Count() > 0 {
-				return true, nil
-			}
-		}
-		return false, nil
+		return false, err
 	}
 	if k, _ := g.b.Bucket(bktReady).Cursor().First(); k != nil && int64(binary.BigEndian.Uint64(k)) <= now {
 		return true, nil

@@ -864,26 +864,35 @@ func TestDropTopicLeases(t *testing.T) {
 	}
 }
 
-func TestDeliverable(t *testing.T) {
+func TestNeedsLease(t *testing.T) {
 	db := mustDB(t)
 	mustTopic(t, db, "t", 2)
 	deliverable := func(name string, now int64) bool {
 		var ok bool
 		if err := db.View(func(tx *bolt.Tx) error {
 			var err error
-			ok, err = Deliverable(tx, "t", name, now)
+			ok, err = NeedsLease(tx, "t", name, now)
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
 		return ok
 	}
+	if !deliverable("g", 1000) {
+		t.Fatalf("missing group over an empty topic needs no lease command: a first fetch would not create it")
+	}
+	if got := lease(t, db, "t", "g", 1000, 100, 10, 3); len(got) != 0 {
+		t.Fatalf("lease on an empty topic = %v", got)
+	}
 	if deliverable("g", 1000) {
-		t.Fatalf("empty topic deliverable")
+		t.Fatalf("existing group over an empty topic needs a lease command (a Raft round per empty poll)")
 	}
 	mustPublish(t, db, "t", 1, 1, 1)
+	if !deliverable("g2", 1000) {
+		t.Fatalf("missing group over a non-empty topic needs no lease command")
+	}
 	if !deliverable("g", 1000) {
-		t.Fatalf("missing group over a non-empty topic not deliverable")
+		t.Fatalf("existing group with a new message needs no lease command")
 	}
 	rs := receiptsOf(lease(t, db, "t", "g", 1000, 100, 10, 3))
 	if deliverable("g", 1001) {
@@ -900,11 +909,11 @@ func TestDeliverable(t *testing.T) {
 		t.Fatalf("not deliverable once the retry is due")
 	}
 	err := db.View(func(tx *bolt.Tx) error {
-		_, err := Deliverable(tx, "nope", "g", 0)
+		_, err := NeedsLease(tx, "nope", "g", 0)
 		return err
 	})
 	if !errors.Is(err, mlog.ErrTopicNotFound) {
-		t.Fatalf("Deliverable(unknown topic): err = %v", err)
+		t.Fatalf("NeedsLease(unknown topic): err = %v", err)
 	}
 }
 

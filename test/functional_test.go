@@ -24,6 +24,7 @@ func TestFunctional(t *testing.T) {
 	t.Run("BadInputRaw", func(t *testing.T) { t.Parallel(); testBadInputRaw(t, c) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, c) })
 	t.Run("TopicChanges", func(t *testing.T) { t.Parallel(); testTopicChanges(t, c) })
+	t.Run("FirstFetchCreatesGroup", func(t *testing.T) { t.Parallel(); testFirstFetchCreatesGroup(t, c) })
 }
 
 // A topic's new configuration governs the very next publish (the leader

@@ -1,0 +1,61 @@
+package test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// A group's first fetch creates it, even on an empty topic and through a
+// follower (SPEC §5): with retention_ms 0 a message is kept until every
+// group has acked it, so a consumer that started before its producers must
+// still get every message another group acks and retention then trims.
+func testFirstFetchCreatesGroup(t *testing.T, c *tc.Cluster) {
+	leader, fs := mustRoles(t, c)
+	ctx := ctxFor(t, 60*time.Second)
+	const topic, control = "first-fetch", "first-fetch-control"
+	mustTopic(t, leader, topic, map[string]any{"partitions": 3})
+	mustTopic(t, leader, control, nil)
+
+	msgs, _, err := fs[0].Fetch(ctx, topic, "A", tc.FetchRequest{Max: 10})
+	if err != nil || len(msgs) != 0 {
+		t.Fatalf("first fetch of A on the empty topic via follower %s: %d messages, %v", fs[0], len(msgs), err)
+	}
+	st, err := leader.Stats(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.Groups["A"]; !ok {
+		t.Fatalf("after A's first fetch the topic's groups are %v: the fetch did not create A", st.Groups)
+	}
+
+	want := map[string]bool{}
+	for i := range 30 {
+		p := fmt.Sprintf("ff-%02d", i)
+		want[p] = true
+		mustPublish(t, c.Node(i%3), topic, p, map[string]string{"Idempotency-Key": p})
+	}
+	got, err := drain(ctx, fs[1%len(fs)], topic, "B", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkExactly(t, "group B", values(t, distinctByPosition(got)), want)
+
+	// Retention runs over every topic on each leader tick: once the
+	// control topic (acked after B's acks above) is trimmed, retention has
+	// had its chance to trim what B acked.
+	mustPublish(t, leader, control, "c", nil)
+	if _, err := drain(ctx, leader, control, "B", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pollStats(ctx, leader, control, func(s tc.TopicStats) bool { return s.Messages == 0 }); err != nil {
+		t.Fatal(err)
+	}
+	got, err = drain(ctx, fs[0], topic, "A", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkExactly(t, "group A (first fetched before any publish)", values(t, distinctByPosition(got)), want)
+}
