@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mqd/mqd/api"
+	"github.com/mqd/mqd/raftfsm"
+)
+
+// Flag names; each is also read from MQD_<NAME> (upper case, '-' → '_').
+const (
+	flagID                = "id"
+	flagDataDir           = "data-dir"
+	flagHTTPAddr          = "http-addr"
+	flagRaftAddr          = "raft-addr"
+	flagRaftAdvertise     = "raft-advertise-addr"
+	flagBootstrapExpect   = "bootstrap-expect"
+	flagJoin              = "join"
+	flagSnapshotThreshold = "snapshot-threshold"
+	flagSnapshotInterval  = "snapshot-interval"
+	flagTrailingLogs      = "trailing-logs"
+	flagLogLevel          = "log-level"
+)
+
+type options struct {
+	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel string
+	bootstrapExpect                                                int
+	snapshotThreshold, trailingLogs                                uint64
+	snapshotInterval                                               time.Duration
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("mqd", flag.ContinueOnError)
+	fs.StringVar(&o.id, flagID, "", "node id, unique in the cluster (default: the raft address)")
+	fs.StringVar(&o.dataDir, flagDataDir, "./mqd-data", "directory for the raft log, snapshots and state")
+	fs.StringVar(&o.httpAddr, flagHTTPAddr, "127.0.0.1:7070", "HTTP listen address (also advertised to peers)")
+	fs.StringVar(&o.raftAddr, flagRaftAddr, "127.0.0.1:7071", "Raft transport listen address")
+	fs.StringVar(&o.raftAdvertise, flagRaftAdvertise, "", "Raft address peers dial (default: --raft-addr)")
+	fs.IntVar(&o.bootstrapExpect, flagBootstrapExpect, 0, "with --join: form a new cluster once N nodes have found each other")
+	fs.StringVar(&o.join, flagJoin, "", "comma-separated HTTP addresses of other nodes")
+	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots (at least; a state over 64 MiB also waits for log bytes worth half of it)")
+	fs.DurationVar(&o.snapshotInterval, flagSnapshotInterval, 30*time.Second, "how often to check whether to snapshot")
+	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot")
+	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
+	// Environment first, so that flags on the command line win.
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "MQD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s: %w", env, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return nil, envErr
+	}
+	if len(args) > 0 && args[0] == "serve" {
+		args = args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
+		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
+	}
+	return o, nil
+}
+
+// serve runs the server with the given flags (`mqd [flags]`, `mqd serve [flags]`).
+func serve(args []string) int {
+	o, err := parseFlags(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "mqd:", err)
+		return 2
+	}
+	if err := run(o); err != nil {
+		slog.Error("mqd stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func run(o *options) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(logger)
+	ln, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return fmt.Errorf("http listen: %w", err)
+	}
+	node, err := raftfsm.Open(raftfsm.Config{
+		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
+		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
+		Logger: logger,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv := api.New(node, logger)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	go node.Run(ctx)
+	go func() {
+		if err := node.Form(ctx, splitList(o.join), o.bootstrapExpect); err != nil && ctx.Err() == nil {
+			logger.Error("forming cluster", "err", err)
+		}
+	}()
+	logger.Info("mqd started", "id", node.ID(), "http", o.httpAddr, "raft", o.raftAddr, "data", o.dataDir)
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		node.Shutdown()
+		return fmt.Errorf("http: %w", err)
+	}
+	logger.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Warn("http shutdown", "err", err)
+	}
+	return node.Shutdown()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
