@@ -63,6 +63,7 @@ type Node struct {
 	FSM      *FSM
 	trans    *raft.NetworkTransport
 	logStore *raftboltdb.BoltStore
+	dirLock  *dirLock // held from Open to Shutdown
 	hadState bool
 	logger   *slog.Logger
 	batch    *batcher
@@ -80,10 +81,15 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, logger: cfg.Logger}
+	lock, err := lockDataDir(cfg.DataDir) // before any other file of the dir
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock}
 	n.batch = newBatcher(n)
 	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
 	if err != nil {
+		lock.release()
 		return nil, err
 	}
 	n.FSM = fsm
@@ -150,6 +156,7 @@ func (n *Node) closeStores() {
 		n.logStore.Close()
 	}
 	n.FSM.Close()
+	n.dirLock.release()
 }
 
 // ID is this node's id.
