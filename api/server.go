@@ -8,15 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/pprofhandler"
 )
 
 // Limits of the HTTP layer.
@@ -40,6 +37,8 @@ type Server struct {
 	waiters *waiters
 	metrics *metrics
 	cfgs    cfgCache
+	table   []Route
+	router  *router
 	rr      atomic.Uint32 // round-robin partition choice
 }
 
@@ -47,6 +46,12 @@ type Server struct {
 func New(node *raftfsm.Node, logger *slog.Logger) *Server {
 	s := &Server{node: node, logger: logger, waiters: newWaiters()}
 	s.metrics = newMetrics(s)
+	s.table = s.routes()
+	rt, err := newRouter(s.table)
+	if err != nil {
+		panic(err) // the table is a constant of the program
+	}
+	s.router = rt
 	node.FSM.Notify = s.waiters.wake
 	s.fwd = &fasthttp.Client{
 		MaxConnsPerHost:     4096,
@@ -87,142 +92,23 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
 }
 
-// route is a parsed request path.
-type route struct {
-	topic, group string
-	action       string // after the group or topic: "messages", "messages:batch", "fetch", ...
-	dlqID        string
-	leaderOnly   bool
-	ctx          context.Context // the request's deadline, for leader routes
-	handler      func(*fasthttp.RequestCtx, *route) error
-}
-
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	r, err := s.match(ctx)
+	r := &route{}
+	err := s.router.match(ctx.Method(), string(ctx.Path()), r)
 	if err == nil {
-		if r.leaderOnly {
+		err = r.validate()
+	}
+	if err == nil {
+		if r.def.Leader {
 			err = s.onLeader(ctx, r)
 		} else {
-			err = r.handler(ctx, r)
+			err = r.def.handler(ctx, r)
 		}
 	}
 	if err != nil {
 		writeError(ctx, err)
 	}
 	s.metrics.observeRequest(ctx.Response.StatusCode())
-}
-
-// match parses the path and method into a route.
-func (s *Server) match(ctx *fasthttp.RequestCtx) (*route, error) {
-	path := string(ctx.Path())
-	m := string(ctx.Method())
-	only := func(method string, h func(*fasthttp.RequestCtx, *route) error, leader bool) (*route, error) {
-		if m != method {
-			return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
-		}
-		return &route{handler: h, leaderOnly: leader}, nil
-	}
-	switch path {
-	case "/healthz":
-		return only("GET", s.healthz, false)
-	case "/readyz":
-		return only("GET", s.readyz, false)
-	case "/metrics":
-		return only("GET", s.metricsHandler, false)
-	case "/v1/cluster":
-		return only("GET", s.cluster, false)
-	case "/v1/internal/status":
-		return only("GET", s.status, false)
-	case "/v1/internal/join":
-		return only("POST", s.join, true)
-	case "/v1/topics", "/v1/topics/":
-		return only("GET", s.listTopics, true)
-	}
-	if strings.HasPrefix(path, "/debug/pprof/") {
-		return only(m, func(ctx *fasthttp.RequestCtx, _ *route) error { pprofhandler.PprofHandler(ctx); return nil }, false)
-	}
-	rest, ok := strings.CutPrefix(path, "/v1/topics/")
-	if !ok {
-		return nil, fmt.Errorf("%w: no route %s", ErrNotFound, path)
-	}
-	parts := strings.Split(rest, "/")
-	r := &route{topic: parts[0], leaderOnly: true}
-	if !mlog.ValidName(r.topic) {
-		return nil, fmt.Errorf("%w: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.topic)
-	}
-	var h func(*fasthttp.RequestCtx, *route) error
-	want := ""
-	switch {
-	case len(parts) == 1:
-		switch m {
-		case "PUT":
-			h = s.putTopic
-		case "GET":
-			h = s.getTopic
-		case "DELETE":
-			h = s.deleteTopic
-		default:
-			return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
-		}
-		want = m
-	case len(parts) == 2 && parts[1] == "messages":
-		h, want = s.publish, "POST"
-	case len(parts) == 2 && parts[1] == "messages:batch":
-		h, want = s.publishBatch, "POST"
-	case len(parts) >= 3 && parts[1] == "groups":
-		r.group = parts[2]
-		if !mlog.ValidName(r.group) {
-			return nil, fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.group)
-		}
-		h, want = s.groupRoute(parts[3:], m)
-		if len(parts) == 5 && parts[3] == "dlq" {
-			r.dlqID = parts[4] // DELETE .../dlq/{id}
-		}
-	}
-	if h == nil {
-		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, m, path)
-	}
-	if m != want {
-		return nil, fmt.Errorf("%w: %s %s", ErrMethod, m, path)
-	}
-	r.handler = h
-	return r, nil
-}
-
-func (s *Server) groupRoute(rest []string, m string) (func(*fasthttp.RequestCtx, *route) error, string) {
-	if len(rest) == 0 {
-		switch m {
-		case "DELETE":
-			return s.deleteGroup, m
-		default:
-			return s.putGroup, "PUT"
-		}
-	}
-	if rest[0] == "dlq" {
-		switch {
-		case len(rest) == 1:
-			return s.listDeadLetters, "GET"
-		case len(rest) == 2 && rest[1] == "replay":
-			return s.replayDeadLetters, "POST"
-		case len(rest) == 2:
-			return s.deleteDeadLetter, "DELETE"
-		}
-		return nil, ""
-	}
-	if len(rest) != 1 {
-		return nil, ""
-	}
-	switch rest[0] {
-	case "fetch":
-		return s.fetch, "POST"
-	case "ack":
-		return s.ack, "POST"
-	case "nack":
-		return s.nack, "POST"
-	case "extend":
-		return s.extend, "POST"
-	}
-	return nil, ""
 }
 
 // deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the
@@ -260,7 +146,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 				}
 				continue
 			}
-			err := r.handler(ctx, r)
+			err := r.def.handler(ctx, r)
 			if !errors.Is(err, raftfsm.ErrNotLeader) {
 				return err
 			}

@@ -1,0 +1,252 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	mlog "github.com/mqd/mqd/log"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
+)
+
+// Perm is what a route asks of the caller's token (SPEC §8). Several bits
+// mean any one of them suffices. The topic permissions (publish, consume,
+// admin) apply to the topic named by the path's {topic}; on a route without
+// {topic} they apply to every topic and the handler shows only what the
+// token may see. The zero value is reserved: every route states its Perm.
+type Perm uint8
+
+// Permissions a route may require.
+const (
+	PermOpen    Perm = 1 << iota // no token needed
+	PermPublish                  // publish:<glob> matching {topic}
+	PermConsume                  // consume:<glob> matching {topic}
+	PermAdmin                    // admin:<glob> matching {topic}
+	PermCluster                  // cluster: joining and node-to-node routes
+	PermMonitor                  // monitor: metrics and cluster state
+
+	// PermAnyTopic is any permission on {topic} (GET of a topic), or on
+	// any topic for a route without {topic} (GET /v1/topics, filtered).
+	PermAnyTopic = PermPublish | PermConsume | PermAdmin
+)
+
+// Has reports whether p accepts the permission q.
+func (p Perm) Has(q Perm) bool { return p&q != 0 }
+
+// String lists p's bits as in SPEC §8, "|"-separated.
+func (p Perm) String() string {
+	var out []string
+	for _, b := range []struct {
+		bit  Perm
+		name string
+	}{{PermOpen, "open"}, {PermPublish, "publish"}, {PermConsume, "consume"}, {PermAdmin, "admin"},
+		{PermCluster, "cluster"}, {PermMonitor, "monitor"}} {
+		if p&b.bit != 0 {
+			out = append(out, b.name)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, "|")
+}
+
+// Route is one entry of the HTTP route table.
+type Route struct {
+	Method string
+	// Pattern is the path: literal segments, {topic}, {group} and {id}
+	// parameters (a literal wins over a parameter at the same place), or a
+	// final "*" matching the rest of the path, possibly empty.
+	Pattern string
+	Leader  bool // runs on the leader: forwarded there by a follower
+	Perm    Perm
+	handler func(*fasthttp.RequestCtx, *route) error
+
+	hasTopic, hasGroup bool // the pattern names them
+}
+
+// route is one request's matched Route and its path parameters.
+type route struct {
+	def          *Route
+	topic, group string
+	dlqID        string
+	ctx          context.Context // the request's deadline, for leader routes
+}
+
+// routes is the whole HTTP API. docs/API.md and openapi.yaml describe
+// the same list (a test compares them).
+func (s *Server) routes() []Route {
+	const (
+		topic = "/v1/topics/{topic}"
+		grp   = topic + "/groups/{group}"
+	)
+	rt := func(method, pattern string, leader bool, p Perm, h func(*fasthttp.RequestCtx, *route) error) Route {
+		return Route{Method: method, Pattern: pattern, Leader: leader, Perm: p, handler: h}
+	}
+	pprof := func(ctx *fasthttp.RequestCtx, _ *route) error { pprofhandler.PprofHandler(ctx); return nil }
+	return []Route{
+		rt("GET", "/healthz", false, PermOpen, s.healthz),
+		rt("GET", "/readyz", false, PermOpen, s.readyz),
+		rt("GET", "/metrics", false, PermMonitor, s.metricsHandler),
+		rt("GET", "/v1/cluster", false, PermMonitor, s.cluster),
+		rt("GET", "/v1/internal/status", false, PermCluster, s.status),
+		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
+		rt("GET", "/debug/pprof/*", false, PermMonitor, pprof),
+		rt("POST", "/debug/pprof/*", false, PermMonitor, pprof),
+
+		rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics),
+		rt("PUT", topic, true, PermAdmin, s.putTopic),
+		rt("GET", topic, true, PermAnyTopic, s.getTopic),
+		rt("DELETE", topic, true, PermAdmin, s.deleteTopic),
+		rt("POST", topic+"/messages", true, PermPublish, s.publish),
+		rt("POST", topic+"/messages:batch", true, PermPublish, s.publishBatch),
+
+		rt("PUT", grp, true, PermConsume|PermAdmin, s.putGroup),
+		rt("DELETE", grp, true, PermAdmin, s.deleteGroup),
+		rt("POST", grp+"/fetch", true, PermConsume, s.fetch),
+		rt("POST", grp+"/ack", true, PermConsume, s.ack),
+		rt("POST", grp+"/nack", true, PermConsume, s.nack),
+		rt("POST", grp+"/extend", true, PermConsume, s.extend),
+		rt("GET", grp+"/dlq", true, PermConsume|PermAdmin, s.listDeadLetters),
+		rt("POST", grp+"/dlq/replay", true, PermAdmin, s.replayDeadLetters),
+		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
+	}
+}
+
+// Routes is the route table, for documentation checks and for auth.
+func (s *Server) Routes() []Route { return append([]Route(nil), s.table...) }
+
+// node is one path segment of the route tree.
+type node struct {
+	lits   []litChild // literal segments, tried before param
+	param  *node      // a {name} segment
+	pname  string
+	star   *node    // "*": the rest of the path
+	routes []*Route // by method
+}
+
+type litChild struct {
+	seg  string
+	next *node
+}
+
+// router matches paths segment by segment: no regular expressions, no
+// allocation but the request's route.
+type router struct{ root node }
+
+func newRouter(table []Route) (*router, error) {
+	rt := &router{}
+	for i := range table {
+		r := &table[i]
+		if r.Perm == 0 || r.handler == nil {
+			return nil, fmt.Errorf("route %s %s: no permission or handler", r.Method, r.Pattern)
+		}
+		n := &rt.root
+		for seg := range strings.SplitSeq(strings.TrimPrefix(r.Pattern, "/"), "/") {
+			n = n.child(seg)
+		}
+		for _, o := range n.routes {
+			if o.Method == r.Method {
+				return nil, fmt.Errorf("route %s %s: registered twice", r.Method, r.Pattern)
+			}
+		}
+		n.routes = append(n.routes, r)
+		r.hasTopic = strings.Contains(r.Pattern, "/{topic}")
+		r.hasGroup = strings.Contains(r.Pattern, "/{group}")
+	}
+	return rt, nil
+}
+
+func (n *node) child(seg string) *node {
+	switch {
+	case seg == "*":
+		if n.star == nil {
+			n.star = &node{}
+		}
+		return n.star
+	case strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}"):
+		if n.param == nil {
+			n.param = &node{pname: seg[1 : len(seg)-1]}
+		}
+		return n.param
+	}
+	for _, l := range n.lits {
+		if l.seg == seg {
+			return l.next
+		}
+	}
+	c := &node{}
+	n.lits = append(n.lits, litChild{seg, c})
+	return c
+}
+
+// match finds the route for method and path, and fills the path's
+// parameters into r. A path no route has answers ErrNotFound; a path with
+// routes but not for this method, ErrMethod.
+func (rt *router) match(method []byte, path string, r *route) error {
+	if path == "/v1/topics/" {
+		path = "/v1/topics"
+	}
+	n := &rt.root
+	rest, ok := strings.CutPrefix(path, "/")
+	for ok {
+		if n.star != nil {
+			n = n.star
+			break
+		}
+		var seg string
+		seg, rest, ok = strings.Cut(rest, "/")
+		next := n.lit(seg)
+		if next == nil && n.param != nil {
+			next = n.param
+			r.set(next.pname, seg)
+		}
+		if next == nil {
+			return fmt.Errorf("%w: no route %s %s", ErrNotFound, method, path)
+		}
+		n = next
+	}
+	for _, d := range n.routes {
+		if d.Method == string(method) {
+			r.def = d
+			return nil
+		}
+	}
+	if len(n.routes) == 0 {
+		return fmt.Errorf("%w: no route %s %s", ErrNotFound, method, path)
+	}
+	return fmt.Errorf("%w: %s %s", ErrMethod, method, path)
+}
+
+func (n *node) lit(seg string) *node {
+	for _, l := range n.lits {
+		if l.seg == seg {
+			return l.next
+		}
+	}
+	return nil
+}
+
+func (r *route) set(name, v string) {
+	switch name {
+	case "topic":
+		r.topic = v
+	case "group":
+		r.group = v
+	case "id":
+		r.dlqID = v
+	}
+}
+
+// validate checks the path's names: a bad one is a 400 before anything
+// else reads it.
+func (r *route) validate() error {
+	if r.def.hasTopic && !mlog.ValidName(r.topic) {
+		return fmt.Errorf("%w: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.topic)
+	}
+	if r.def.hasGroup && !mlog.ValidName(r.group) {
+		return fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.group)
+	}
+	return nil
+}
