@@ -20,6 +20,10 @@ var (
 	ErrMethod       = errors.New("method not allowed")
 	ErrBodyTooLarge = errors.New("request too large")
 	ErrUnavailable  = errors.New("unavailable")
+	// ErrHeaderTooLarge: the request head does not fit the read buffer.
+	ErrHeaderTooLarge = errors.New("request header too large")
+	// ErrRequestTimeout: the request was not received within the read timeout.
+	ErrRequestTimeout = errors.New("request timeout")
 )
 
 type apiError struct {
@@ -44,9 +48,12 @@ func classify(err error) apiError {
 		{ErrBadRequest, apiError{400, "bad_request"}},
 		{mlog.ErrPartitionShrink, apiError{409, "partitions_shrink"}},
 		{raftfsm.ErrSeqGap, apiError{409, "sequence_gap"}},
+		{raftfsm.ErrSeqOverlap, apiError{409, "sequence_overlap"}},
 		{raftfsm.ErrSeqTooOld, apiError{409, "sequence_too_old"}},
 		{mlog.ErrTooLarge, apiError{413, "message_too_large"}},
 		{ErrBodyTooLarge, apiError{413, "request_too_large"}},
+		{ErrHeaderTooLarge, apiError{431, "header_too_large"}},
+		{ErrRequestTimeout, apiError{408, "request_timeout"}},
 		{mlog.ErrTopicFull, apiError{507, "topic_full"}},
 		{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
 		{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},

@@ -37,21 +37,29 @@ type producer struct {
 }
 
 func producerFromHeaders(h *fasthttp.RequestHeader) (producer, error) {
-	id, seq := h.Peek("Mq-Producer-Id"), h.Peek("Mq-Producer-Seq")
-	if id == nil && seq == nil {
+	id, hasID, err := oneHeader(h, "Mq-Producer-Id")
+	if err != nil {
+		return producer{}, err
+	}
+	seq, hasSeq, err := oneHeader(h, "Mq-Producer-Seq")
+	if err != nil {
+		return producer{}, err
+	}
+	if !hasID && !hasSeq {
 		return producer{}, nil
 	}
-	if id == nil || seq == nil {
+	if !hasID || !hasSeq {
 		return producer{}, fmt.Errorf("%w: Mq-Producer-Id and Mq-Producer-Seq go together", ErrBadHeader)
 	}
-	if len(id) < 1 || len(id) > maxKeyLen {
-		return producer{}, fmt.Errorf("%w: Mq-Producer-Id must be 1..%d bytes", ErrBadHeader, maxKeyLen)
+	pid, err := checkKey("Mq-Producer-Id", string(id))
+	if err != nil {
+		return producer{}, err
 	}
 	n, err := strconv.ParseUint(string(seq), 10, 63)
 	if err != nil {
 		return producer{}, fmt.Errorf("%w: Mq-Producer-Seq must be a non-negative integer", ErrBadHeader)
 	}
-	return producer{id: string(id), seq: n}, nil
+	return producer{id: pid, seq: n}, nil
 }
 
 // pubMsg is one message to publish before placement.
@@ -127,7 +135,7 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	start := nowMs()
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
 	s.metrics.commit(nowMs()-start, err)
-	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) {
+	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) || errors.Is(err, raftfsm.ErrSeqOverlap) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
 	}
 	if err == nil {
@@ -159,15 +167,19 @@ func PartitionFor(key string, n uint32) uint32 {
 // messageFromHeaders reads a single publish's headers.
 func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 	m := pubMsg{msg: &mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}}
-	var err error
-	if v := h.Peek("Idempotency-Key"); v != nil {
-		if m.msg.IdempotencyKey, err = checkKey("Idempotency-Key", string(v)); err != nil {
+	keys := []struct {
+		name string
+		dst  *string
+	}{{"Idempotency-Key", &m.msg.IdempotencyKey}, {"Mq-Partition-Key", &m.partitionKey}}
+	for _, k := range keys {
+		v, ok, err := oneHeader(h, k.name)
+		if err != nil {
 			return m, err
 		}
-	}
-	if v := h.Peek("Mq-Partition-Key"); v != nil {
-		if m.partitionKey, err = checkKey("Mq-Partition-Key", string(v)); err != nil {
-			return m, err
+		if ok {
+			if *k.dst, err = checkKey(k.name, string(v)); err != nil {
+				return m, err
+			}
 		}
 	}
 	nums := []struct {
@@ -181,8 +193,11 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 		{"Mq-Backoff-Jitter-Ms", &m.msg.BackoffJitterMs, 24 * 3600 * 1000},
 	}
 	for _, n := range nums {
-		v := h.Peek(n.name)
-		if v == nil {
+		v, ok, err := oneHeader(h, n.name)
+		if err != nil {
+			return m, err
+		}
+		if !ok {
 			continue
 		}
 		x, err := strconv.ParseInt(string(v), 10, 64)
@@ -205,10 +220,17 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 			return
 		}
 		if name == "" || len(name) > maxAttrName || len(v) > maxAttrVal || !utf8.Valid(v) {
-			attrErr = fmt.Errorf("%w: attribute %q: name 1..%d bytes, value at most %d bytes of UTF-8", ErrBadHeader, name, maxAttrName, maxAttrVal)
+			attrErr = fmt.Errorf("%w: an Mq-Attr-* header: name 1..%d bytes, value at most %d bytes of UTF-8", ErrBadHeader, maxAttrName, maxAttrVal)
 			return
 		}
-		m.msg.Attrs = append(m.msg.Attrs, mlog.Attr{Name: strings.ToLower(name), Value: string(v)})
+		name = strings.ToLower(name)
+		for _, a := range m.msg.Attrs {
+			if a.Name == name {
+				attrErr = fmt.Errorf("%w: attribute %q given twice", ErrBadHeader, name)
+				return
+			}
+		}
+		m.msg.Attrs = append(m.msg.Attrs, mlog.Attr{Name: name, Value: string(v)})
 	})
 	return m, attrErr
 }
@@ -218,13 +240,6 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 		return "", false
 	}
 	return s[len(prefix):], true
-}
-
-func checkKey(name, v string) (string, error) {
-	if len(v) < 1 || len(v) > maxKeyLen {
-		return "", fmt.Errorf("%w: %s must be 1..%d bytes", ErrBadHeader, name, maxKeyLen)
-	}
-	return v, nil
 }
 
 // batchBody is the JSON of POST .../messages:batch.

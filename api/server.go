@@ -26,6 +26,7 @@ const (
 	maxWait          = 5 * time.Minute
 	forwardHeader    = "Mq-Forward-Hops"
 	maxForwardHops   = 2
+	readBufferSize   = 64 << 10 // also the largest request head fasthttp reads
 )
 
 // Server serves mqd's HTTP API for one node.
@@ -65,12 +66,14 @@ func New(node *raftfsm.Node, logger *slog.Logger) *Server {
 		ErrorHandler:                 s.parseError,
 		Name:                         "mqd",
 		MaxRequestBodySize:           maxBodyBytes,
-		ReadBufferSize:               64 << 10,
+		ReadBufferSize:               readBufferSize,
 		ReadTimeout:                  maxWait + time.Minute,
 		IdleTimeout:                  2 * time.Minute,
 		DisablePreParseMultipartForm: true,
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
+		SecureErrorLogMessage:        true,
+		Logger:                       fasthttpLogger{logger},
 	}
 	return s
 }
@@ -82,14 +85,6 @@ func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.waiters.closeAll()
 	return s.srv.ShutdownWithContext(ctx)
-}
-
-func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fmt.Errorf("%w: body over %d bytes", ErrBodyTooLarge, maxBodyBytes))
-		return
-	}
-	writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -115,7 +110,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // time a long-polling fetch may wait.
 func deadline(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc, error) {
 	d := defaultTimeout
-	if v := ctx.Request.Header.Peek("Mq-Timeout-Ms"); len(v) > 0 {
+	v, ok, err := oneHeader(&ctx.Request.Header, "Mq-Timeout-Ms")
+	if err != nil {
+		return nil, nil, err
+	}
+	if ok {
 		ms, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil || ms < 1 || ms > int64(maxTimeout/time.Millisecond) {
 			return nil, nil, fmt.Errorf("%w: Mq-Timeout-Ms must be an integer in [1, %d]", ErrBadHeader, maxTimeout/time.Millisecond)

@@ -239,7 +239,7 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result 
 
 func isBusiness(err error) bool {
 	for _, e := range []error{mlog.ErrTopicNotFound, mlog.ErrTopicFull, mlog.ErrPartitionShrink,
-		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld, dlq.ErrNotFound} {
+		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld, ErrSeqOverlap, dlq.ErrNotFound} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -685,6 +685,9 @@ func TestApplyProducerSequences(t *testing.T) {
 	if !errors.Is(r.Err, ErrSeqGap) || r.Expected != 2 {
 		t.Fatalf("gap: Err = %v, Expected = %d; want ErrSeqGap, 2", r.Err, r.Expected)
 	}
+	if r := pub(1, "b", "c"); !errors.Is(r.Err, ErrSeqOverlap) || r.Expected != 2 {
+		t.Fatalf("overlap 1..2 (last 1): Err = %v, Expected = %d; want ErrSeqOverlap, 2", r.Err, r.Expected)
+	}
 	if r := pub(2, "c"); r.Err != nil || !reflect.DeepEqual(r.Published, []Published{{0, 2, false}}) {
 		t.Fatalf("seq 2 = %+v, %v", r.Published, r.Err)
 	}

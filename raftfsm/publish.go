@@ -172,8 +172,10 @@ func checkProducer(prod *dedup.Producers, c *Command, res *Result) (bool, error)
 	for i := range c.Msgs {
 		chk := prod.Check(c.Producer, c.Seq+uint64(i), c.Now)
 		if chk.Verdict != dedup.SeqDuplicate {
-			res.Expected = chk.Expected
-			return true, fmt.Errorf("%w: batch from producer %q overlaps the stored sequence partly", ErrSeqGap, c.Producer)
+			// The first sequence was stored, so this one is the next expected.
+			res.Expected = c.Seq + uint64(i)
+			return true, fmt.Errorf("%w: batch from producer %q, sequences %d..%d, repeats stored ones and adds new ones (next expected %d); send only the new ones",
+				ErrSeqOverlap, c.Producer, c.Seq, c.Seq+uint64(len(c.Msgs))-1, res.Expected)
 		}
 		res.Published[i] = Published{Partition: chk.Partition, Offset: chk.Offset, Duplicate: true}
 	}

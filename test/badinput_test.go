@@ -2,11 +2,13 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,13 +16,17 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
+// secret marks header values that an error message must never echo.
+const secret = "s3cr3t-h34der-v4lue"
+
 type badCase struct {
 	name   string
 	method string
 	path   string
 	body   any // nil, string (raw) or a value sent as JSON
 	hdr    map[string]string
-	want   int // exact status; 0 means any 4xx
+	repeat []string // headers sent twice, each value valid on its own
+	want   int      // exact status; 0 means any 4xx
 	// results, if set, expects 200 with per-receipt results all equal to it.
 	results string
 }
@@ -122,6 +128,23 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 		{name: "publish Mq-Attr value 4097 bytes", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Attr-Color": strings.Repeat("v", 4097)}, want: 400},
 		{name: "publish Mq-Attr name 129 bytes", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Attr-" + strings.Repeat("n", 129): "v"}, want: 400},
 		{name: "publish 65 Mq-Attr headers", method: "POST", path: pub, body: "x", hdr: attrs65, want: 400},
+		// keys: 1..256 bytes of UTF-8, each key header at most once; the
+		// error never echoes a header's value
+		{name: "publish empty Idempotency-Key", method: "POST", path: pub, body: "x", hdr: map[string]string{"Idempotency-Key": ""}, want: 400},
+		{name: "publish empty Mq-Partition-Key", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Partition-Key": ""}, want: 400},
+		{name: "publish empty Mq-Producer-Id", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Id": "", "Mq-Producer-Seq": "0"}, want: 400},
+		{name: "publish Idempotency-Key invalid UTF-8", method: "POST", path: pub, body: "x", hdr: map[string]string{"Idempotency-Key": "\xff" + secret + "\xfe"}, want: 400},
+		{name: "publish Mq-Partition-Key invalid UTF-8", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Partition-Key": secret + "\x80"}, want: 400},
+		{name: "publish Mq-Producer-Id invalid UTF-8", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Id": secret + "\xc3", "Mq-Producer-Seq": "0"}, want: 400},
+		{name: "publish Idempotency-Key 257 bytes, not echoed", method: "POST", path: pub, body: "x", hdr: map[string]string{"Idempotency-Key": secret + strings.Repeat("k", 257)}, want: 400},
+		{name: "publish Idempotency-Key twice", method: "POST", path: pub, body: "x", repeat: []string{"Idempotency-Key"}, want: 400},
+		{name: "publish Mq-Producer-Id twice", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Seq": "0"}, repeat: []string{"Mq-Producer-Id"}, want: 400},
+		{name: "publish Mq-Producer-Seq twice", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Id": "p"}, repeat: []string{"Mq-Producer-Seq"}, want: 400},
+		{name: "publish Mq-Partition-Key twice", method: "POST", path: pub, body: "x", repeat: []string{"Mq-Partition-Key"}, want: 400},
+		{name: "publish Mq-Delay-Ms twice", method: "POST", path: pub, body: "x", repeat: []string{"Mq-Delay-Ms"}, want: 400},
+		{name: "publish Mq-Attr-X twice", method: "POST", path: pub, body: "x", repeat: []string{"Mq-Attr-X"}, want: 400},
+		{name: "publish Mq-Timeout-Ms twice", method: "POST", path: pub, body: "x", repeat: []string{"Mq-Timeout-Ms"}, want: 400},
+		{name: "batch producer twice", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x"}]}`, hdr: map[string]string{"Mq-Producer-Seq": "0"}, repeat: []string{"Mq-Producer-Id"}, want: 400},
 		// unknown things
 		{name: "get unknown topic", method: "GET", path: topics + "nope", want: 404},
 		{name: "publish unknown topic", method: "POST", path: topics + "nope/messages", body: "x", want: 404},
@@ -161,7 +184,20 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 	ctx := ctxFor(t, 60*time.Second)
 	for i, bc := range cases {
 		via := nodes[i%len(nodes)]
-		r, err := via.Do(ctx, bc.method, bc.path, bc.body, bc.hdr)
+		h := http.Header{}
+		for k, v := range bc.hdr {
+			h.Set(k, v)
+		}
+		for _, k := range bc.repeat {
+			if v1, v2 := "r1-"+secret, "r2-"+secret; strings.HasSuffix(k, "-Ms") || strings.HasSuffix(k, "-Seq") {
+				h.Add(k, "1") // valid values each: only the repeat is wrong
+				h.Add(k, "2")
+			} else {
+				h.Add(k, v1)
+				h.Add(k, v2)
+			}
+		}
+		r, err := via.DoHeader(ctx, bc.method, bc.path, bc.body, h)
 		if err != nil {
 			t.Errorf("%s: %s %s via %s: no answer: %v", bc.name, bc.method, bc.path, via, err)
 			continue
@@ -180,6 +216,9 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 		}
 		if _, err := r.CheckError(); err != nil {
 			t.Errorf("%s: status %d: %v", bc.name, r.Status, err)
+		}
+		if strings.Contains(string(r.Body), secret) {
+			t.Errorf("%s: the error echoes a header's value: %s", bc.name, shorten(string(r.Body)))
 		}
 	}
 	// Every node is still healthy and serving.
@@ -315,6 +354,35 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 	})
 	checkRawAnswer(t, "control byte in a header value", ans, closed, true)
 
+	// fasthttp's parse errors quote the header buffer: the answer must not
+	// (nor the log, checked below), and each gets a fixed JSON error.
+	leaks := []struct {
+		name, extra string
+		want        int
+	}{
+		{"header line without a colon", "Authorization: Bearer " + secret + "\r\nNo colon here\r\n", 400},
+		{"control byte next to a credential", "Authorization: Bearer " + secret + "\r\nX-Bad: a\x01b\r\n", 400},
+		{"request head over the read buffer", "Authorization: Bearer " + secret + "\r\nX-Big: " + strings.Repeat("b", 70<<10) + "\r\n", 431},
+	}
+	for _, l := range leaks {
+		ans, closed = rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+			c.Write([]byte(head(1, l.extra) + "x"))
+			c.CloseWrite()
+		})
+		checkRawAnswer(t, l.name, ans, closed, false)
+		if strings.Contains(ans, secret) {
+			t.Errorf("%s: the answer echoes the request's headers: %q", l.name, shorten(ans))
+		}
+		if !strings.HasPrefix(ans, fmt.Sprintf("HTTP/1.1 %d ", l.want)) {
+			t.Errorf("%s: answer %q, want status %d", l.name, shorten(ans), l.want)
+		}
+		for _, internal := range []string{"fasthttp", "buffer size", "contents", "ReadBufferSize"} {
+			if strings.Contains(strings.ToLower(ans), strings.ToLower(internal)) {
+				t.Errorf("%s: fasthttp's internal error text reaches the client: %q", l.name, shorten(ans))
+			}
+		}
+	}
+
 	// A slow body: 10 bytes, a 3 s stall, then the rest. Meanwhile other
 	// clients are served at once; the slow publish completes normally.
 	slowDone := make(chan string, 1)
@@ -347,8 +415,10 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		t.Errorf("slow body: %s, want 201", got)
 	}
 
-	// Odd bytes are fine in an idempotency key (compared byte for byte).
-	odd := map[string]string{"Idempotency-Key": "\xff\xfe odd key \x80"}
+	// Any UTF-8 is fine in an idempotency key (compared byte for byte);
+	// bytes that are not UTF-8 are refused (above), since fetch answers
+	// JSON, where two such keys would read the same.
+	odd := map[string]string{"Idempotency-Key": "\u00e9t\u00e9 \u2603 \U0001F600 key"}
 	first := mustPublish(t, n, topic, "odd key", odd)
 	again := mustPublish(t, n, topic, "odd key", odd)
 	if !again.Duplicate || again.Offset != first.Offset || again.Partition != first.Partition {
@@ -366,6 +436,11 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		r, err := nd.Do(ctx, http.MethodGet, "/healthz", nil, nil)
 		if err != nil || r.Status != http.StatusOK {
 			t.Errorf("node %s /healthz after raw bad input: %v %v", nd, r, err)
+		}
+		if b, err := os.ReadFile(nd.LogPath()); err != nil {
+			t.Errorf("node %s log: %v", nd, err)
+		} else if i := bytes.Index(b, []byte(secret)); i >= 0 {
+			t.Errorf("node %s logged a request header's value: %q", nd, b[max(0, i-200):min(len(b), i+50)])
 		}
 		mustPublish(t, nd, topic, "still fine after raw input via "+nd.ID(), nil)
 	}

@@ -761,6 +761,13 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 		t.Errorf("batch from producer b at seq 20 (last stored 13): %d %s, Mq-Expected-Seq %q; want 409 sequence_gap with Mq-Expected-Seq 14",
 			r.Status, shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
 	}
+	// A batch that repeats stored sequences and adds new ones says so
+	// (not "gap"), stores nothing, and names the next expected sequence.
+	r, _ = batch(f2, 12, "b12", "b13", "b14")
+	if code, _ := r.CheckError(); r.Status != http.StatusConflict || code != "sequence_overlap" || r.Header.Get("Mq-Expected-Seq") != "14" {
+		t.Errorf("batch from producer b at seq 12..14 (last stored 13): %d %s, Mq-Expected-Seq %q; want 409 sequence_overlap with Mq-Expected-Seq 14",
+			r.Status, shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
+	}
 	mustCreated(t, f, topic, "b14", prodHdr("b", 14))
 
 	// Stored: p 0..5 (6), q 100 (1), b 10..14 (5).

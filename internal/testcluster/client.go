@@ -91,6 +91,16 @@ func truncate(b []byte, n int) string {
 // string (sent as is), or anything else (sent as JSON). An error means no
 // answer arrived (connection refused, timeout, ...).
 func (c *Client) Do(ctx context.Context, method, url string, body any, hdr map[string]string) (*Response, error) {
+	h := http.Header{}
+	for k, v := range hdr {
+		h.Set(k, v)
+	}
+	return c.DoHeader(ctx, method, url, body, h)
+}
+
+// DoHeader is Do with the request headers as an http.Header, so that a
+// header can be sent more than once.
+func (c *Client) DoHeader(ctx context.Context, method, url string, body any, hdr http.Header) (*Response, error) {
 	var rd io.Reader
 	isJSON := false
 	switch b := body.(type) {
@@ -114,8 +124,10 @@ func (c *Client) Do(ctx context.Context, method, url string, body any, hdr map[s
 	if isJSON {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
+	for k, vs := range hdr {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	start := time.Now()
 	resp, err := c.HTTP.Do(req)

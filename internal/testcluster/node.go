@@ -289,6 +289,11 @@ func (n *Node) Do(ctx context.Context, method, path string, body any, hdr map[st
 	return n.client.Do(ctx, method, n.URL()+path, body, hdr)
 }
 
+// DoHeader is Do with headers that may repeat.
+func (n *Node) DoHeader(ctx context.Context, method, path string, body any, hdr http.Header) (*Response, error) {
+	return n.client.DoHeader(ctx, method, n.URL()+path, body, hdr)
+}
+
 // Cluster fetches GET /v1/cluster from this node.
 func (n *Node) Cluster(ctx context.Context) (ClusterInfo, error) {
 	var ci ClusterInfo

@@ -1,0 +1,66 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+)
+
+// oneHeader returns the value of a header that may be given at most once:
+// present reports whether it was given at all (possibly empty). A repeated
+// header is refused, since which value counts would be a guess.
+func oneHeader(h *fasthttp.RequestHeader, name string) (v []byte, present bool, err error) {
+	all := h.PeekAll(name)
+	switch len(all) {
+	case 0:
+		return nil, false, nil
+	case 1:
+		return all[0], true, nil
+	}
+	return nil, false, fmt.Errorf("%w: %s given %d times, send it once", ErrBadHeader, name, len(all))
+}
+
+// checkKey validates a key header or field: 1..256 bytes of valid UTF-8.
+// The value is never echoed: it may hold anything.
+func checkKey(name, v string) (string, error) {
+	if len(v) < 1 || len(v) > maxKeyLen {
+		return "", fmt.Errorf("%w: %s must be 1..%d bytes, got %d", ErrBadHeader, name, maxKeyLen, len(v))
+	}
+	if !utf8.ValidString(v) {
+		return "", fmt.Errorf("%w: %s must be valid UTF-8", ErrBadHeader, name)
+	}
+	return v, nil
+}
+
+// parseError answers a request fasthttp could not read. fasthttp's own
+// error texts can hold the raw header buffer (credentials included), so
+// each class gets a fixed message and the original never reaches the
+// client.
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		err = fmt.Errorf("%w: body over %d bytes", ErrBodyTooLarge, maxBodyBytes)
+	case errors.As(err, &small):
+		err = fmt.Errorf("%w: request headers over %d bytes", ErrHeaderTooLarge, readBufferSize)
+	case errors.As(err, &ne) && ne.Timeout():
+		err = fmt.Errorf("%w: the request was not received in time", ErrRequestTimeout)
+	default:
+		err = fmt.Errorf("%w: malformed HTTP request", ErrBadRequest)
+	}
+	writeError(ctx, err)
+}
+
+// fasthttpLogger routes fasthttp's own log lines through slog. With
+// Server.SecureErrorLogMessage set, fasthttp leaves request contents out of
+// them.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Warn("http server", "detail", fmt.Sprintf(format, args...))
+}
