@@ -179,6 +179,9 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 		}
 		rate = *b.RatePerSec
 	}
+	if err := s.node.CheckDisk(0); err != nil {
+		return err
+	}
 	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpReplay, Now: nowMs(), Topic: r.topic, Group: r.group,
 		IDs: b.IDs, All: all, Rate: uint64(rate)})
 	if err != nil {

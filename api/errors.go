@@ -55,6 +55,7 @@ func classify(err error) apiError {
 		{ErrHeaderTooLarge, apiError{431, "header_too_large"}},
 		{ErrRequestTimeout, apiError{408, "request_timeout"}},
 		{mlog.ErrTopicFull, apiError{507, "topic_full"}},
+		{raftfsm.ErrInsufficientStorage, apiError{507, "insufficient_storage"}},
 		{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
 		{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},
 		{raftfsm.ErrShutdown, apiError{503, "shutting_down"}},

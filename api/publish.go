@@ -126,11 +126,16 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	}
 	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
 		Producer: prod.id, Seq: prod.seq}
+	bodySize := 0
 	for i, m := range msgs {
 		if err := cfg.CheckSize(len(m.msg.Value)); err != nil {
 			return nil, err
 		}
+		bodySize += len(m.msg.Value)
 		cmd.Msgs[i] = mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}
+	}
+	if err := s.node.CheckDisk(bodySize); err != nil {
+		return nil, err
 	}
 	start := nowMs()
 	res, err := s.node.ApplyBatched(r.ctx, cmd)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"time"
 
 	"github.com/mqd/mqd/group"
@@ -55,6 +56,13 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 	p, err := b.patch()
 	if err != nil {
 		return err
+	}
+	if _, err := s.topicConfig(r.topic); errors.Is(err, mlog.ErrTopicNotFound) {
+		// Creating adds data; changing a topic (retention, limits) may be
+		// how an operator frees space, so it stays allowed.
+		if err := s.node.CheckDisk(0); err != nil {
+			return err
+		}
 	}
 	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
 	if err != nil {

@@ -68,7 +68,7 @@ func newBatcher(n *Node) *batcher {
 
 // Collectors returns the node's Prometheus collectors.
 func (n *Node) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft}
+	return append([]prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft}, n.disk.collectors()...)
 }
 
 // ApplyBatched is Apply for commands that may share a log entry with

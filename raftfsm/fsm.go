@@ -192,6 +192,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		return tx.Bucket(bktMeta).Put(keyApplied, mlog.U64Key(last))
 	})
 	if err != nil {
+		stopOnStorageError(f.logger, logs[len(logs)-1].Index, err)
 		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
 	}
 	f.applied.Store(logs[len(logs)-1].Index)

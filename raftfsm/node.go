@@ -27,6 +27,7 @@ type Config struct {
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
+	MinFreeDisk       MinFree // zero: the default (5 %, at most 1 GiB)
 	Logger            *slog.Logger
 }
 
@@ -64,6 +65,7 @@ type Node struct {
 	trans    *raft.NetworkTransport
 	logStore *raftboltdb.BoltStore
 	dirLock  *dirLock // held from Open to Shutdown
+	disk     *diskGuard
 	hadState bool
 	logger   *slog.Logger
 	batch    *batcher
@@ -86,6 +88,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock}
+	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
 	n.batch = newBatcher(n)
 	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
 	if err != nil {

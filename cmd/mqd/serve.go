@@ -30,6 +30,7 @@ const (
 	flagSnapshotInterval  = "snapshot-interval"
 	flagTrailingLogs      = "trailing-logs"
 	flagLogLevel          = "log-level"
+	flagMinFreeDisk       = "min-free-disk"
 )
 
 type options struct {
@@ -37,6 +38,7 @@ type options struct {
 	bootstrapExpect                                                int
 	snapshotThreshold, trailingLogs                                uint64
 	snapshotInterval                                               time.Duration
+	minFreeDisk                                                    raftfsm.MinFree
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -53,6 +55,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.snapshotInterval, flagSnapshotInterval, 30*time.Second, "how often to check whether to snapshot")
 	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot")
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
+	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
+		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -112,7 +116,7 @@ func run(o *options) error {
 	node, err := raftfsm.Open(raftfsm.Config{
 		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
-		Logger: logger,
+		MinFreeDisk: o.minFreeDisk, Logger: logger,
 	})
 	if err != nil {
 		ln.Close()

@@ -1,0 +1,67 @@
+package raftfsm
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+func TestParseMinFree(t *testing.T) {
+	const total = 100 << 30 // a 100 GiB filesystem
+	for _, c := range []struct {
+		in   string
+		want uint64
+	}{
+		{"", 1 << 30},        // default: 5 %, at most 1 GiB
+		{"1048576", 1 << 20}, // bytes
+		{"512KiB", 512 << 10},
+		{"2MiB", 2 << 20},
+		{"3GiB", 3 << 30},
+		{"1TiB", 1 << 40},
+		{"10%", 10 << 30},
+		{"0.5%", total / 200},
+		{"0", 0}, // off
+		{"0%", 0},
+	} {
+		m, err := ParseMinFree(c.in)
+		if err != nil {
+			t.Errorf("ParseMinFree(%q): %v", c.in, err)
+			continue
+		}
+		if got := m.threshold(total); got != c.want {
+			t.Errorf("ParseMinFree(%q).threshold = %d, want %d", c.in, got, c.want)
+		}
+	}
+	if got := (MinFree{}).threshold(1 << 30); got != (1<<30)/20 {
+		t.Errorf("default on 1 GiB = %d, want 5 %%", got)
+	}
+	for _, bad := range []string{"-1", "1GB", "x", "100%", "-5%", "1.5MiB", "99999999999999TiB"} {
+		if _, err := ParseMinFree(bad); err == nil {
+			t.Errorf("ParseMinFree(%q) accepted", bad)
+		}
+	}
+}
+
+// A batch the state file cannot take stops the process with status 1
+// (after a log line) rather than skipping it or panicking first.
+func TestStorageErrorStops(t *testing.T) {
+	h := mustFSM(t)
+	code := -1
+	exit = func(c int) { code = c; panic(errStopped) }
+	defer func() { exit = osExit }()
+	h.f.db.Close() // every write now fails
+	func() {
+		defer func() {
+			if r := recover(); r != errStopped {
+				t.Fatalf("recovered %v, want the stop", r)
+			}
+		}()
+		h.f.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: (&Command{Op: OpPutTopic, Topic: "t"}).Encode()}})
+	}()
+	if code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+}
+
+var errStopped = errors.New("stopped")

@@ -1,0 +1,260 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// withTmpfs puts each node's data dir on a tmpfs of size bytes (mounted
+// before the node starts, unmounted after the cluster is killed). It skips
+// the test where mounting is not allowed, unless CI is set.
+func withTmpfs(t *testing.T, size int64) tc.Option {
+	t.Helper()
+	probe := t.TempDir()
+	if err := syscall.Mount("tmpfs", probe, "tmpfs", 0, "size=1m"); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skipf("cannot mount a tmpfs (needs root): %v", err)
+		}
+		t.Fatalf("CI: cannot mount a tmpfs: %v", err)
+	}
+	_ = syscall.Unmount(probe, syscall.MNT_DETACH)
+	return tc.WithNodeArgs(func(n *tc.Node) []string {
+		if err := os.MkdirAll(n.DataDir(), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", n.DataDir(), "tmpfs", 0, "size="+strconv.FormatInt(size, 10)); err != nil {
+			t.Fatalf("mount tmpfs on %s: %v", n.DataDir(), err)
+		}
+		// Registered after Start's own cleanup, so it runs before it: stop
+		// the processes first.
+		t.Cleanup(func() {
+			if n.Running() {
+				n.Kill()
+			}
+			_ = syscall.Unmount(n.DataDir(), syscall.MNT_DETACH)
+		})
+		return nil
+	})
+}
+
+// freeBytes is the free space of the filesystem holding dir.
+func freeBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// expectCode checks a response's status and error code.
+func expectCode(t *testing.T, what string, r *tc.Response, err error, status int, code string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: no answer: %v", what, err)
+	}
+	if r.Status != status {
+		t.Fatalf("%s: status %d, want %d: %s", what, r.Status, status, r.Body)
+	}
+	if code == "" {
+		return
+	}
+	got, cerr := r.CheckError()
+	if cerr != nil || got != code {
+		t.Fatalf("%s: error code %q (%v), want %q: %s", what, got, cerr, code, r.Body)
+	}
+}
+
+// Below --min-free-disk, writes that add data answer 507
+// insufficient_storage and change nothing, while consumption and topic
+// updates keep working; once space returns, writes resume by themselves.
+func TestDiskLowRefusesWrites(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 64<<20), tc.WithFlags("--min-free-disk", "16MiB"))
+	n := c.Node(0)
+	ctx := ctxFor(t, 90*time.Second)
+	mustTopic(t, n, "disk", nil)
+	want := map[string]bool{}
+	for i := range 5 {
+		p := fmt.Sprintf("before-%d", i)
+		want[p] = true
+		mustPublish(t, n, "disk", p, map[string]string{"Idempotency-Key": p})
+	}
+	mustPublish(t, n, "disk", "poison", nil)
+	msgs, _, err := n.Fetch(ctx, "disk", "g", tc.FetchRequest{Max: 10, LeaseMs: 60000})
+	if err != nil || len(msgs) != 6 {
+		t.Fatalf("fetch before filling: %d messages, %v", len(msgs), err)
+	}
+	var receipts []string
+	for _, m := range msgs {
+		if m.IdempotencyKey == "" {
+			if _, _, err := n.Nack(ctx, "disk", "g", []string{m.Receipt}, map[string]any{"retryable": false, "reason": "poison"}); err != nil {
+				t.Fatalf("nack poison: %v", err)
+			}
+			continue
+		}
+		receipts = append(receipts, m.Receipt)
+	}
+
+	// Fill the filesystem to 8 MiB free, under the 16 MiB threshold.
+	ballast := filepath.Join(n.DataDir(), "ballast")
+	f, err := os.Create(ballast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, n.DataDir())-8<<20); err != nil {
+		t.Fatalf("fallocate: %v", err)
+	}
+	f.Close()
+
+	// The node reads free space at most 1 s late: wait until it has.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := waitMetric(wctx, n, "mqd_disk_free_bytes", func(v float64) bool { return v < 16<<20 }); err != nil {
+		t.Fatal(err)
+	}
+	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/disk/messages", "refused", map[string]string{"Idempotency-Key": "refused"})
+	expectCode(t, "publish with the disk low", r, err, 507, "insufficient_storage")
+	r, err = n.Do(ctx, http.MethodPost, "/v1/topics/disk/messages:batch", map[string]any{"messages": []map[string]any{{"value": "x"}}}, nil)
+	expectCode(t, "batch with the disk low", r, err, 507, "insufficient_storage")
+	r, err = n.Do(ctx, http.MethodPut, "/v1/topics/disk-new", nil, nil)
+	expectCode(t, "topic creation with the disk low", r, err, 507, "insufficient_storage")
+	r, err = n.Do(ctx, http.MethodPost, "/v1/topics/disk/groups/g/dlq/replay", map[string]any{"all": true}, nil)
+	expectCode(t, "DLQ replay with the disk low", r, err, 507, "insufficient_storage")
+	// Still allowed: updating a topic, consuming.
+	r, err = n.Do(ctx, http.MethodPut, "/v1/topics/disk", map[string]any{"max_retry": 3}, nil)
+	expectCode(t, "topic update with the disk low", r, err, 200, "")
+	res, _, err := n.Ack(ctx, "disk", "g", receipts)
+	if err != nil {
+		t.Fatalf("ack with the disk low: %v", err)
+	}
+	for _, x := range res {
+		if x.Status != "ok" {
+			t.Fatalf("ack with the disk low: %+v", res)
+		}
+	}
+	if _, _, err := n.Fetch(ctx, "disk", "g2", tc.FetchRequest{Max: 10}); err != nil {
+		t.Fatalf("fetch with the disk low: %v", err)
+	}
+	st, err := n.Stats(ctx, "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.NextOffsets() != 6 {
+		t.Fatalf("refused writes stored something: %d messages, want 6", st.NextOffsets())
+	}
+	if _, err := n.Stats(ctx, "disk-new"); err == nil {
+		t.Fatalf("refused topic creation created the topic")
+	}
+
+	// Space returns: writes resume without a restart.
+	if err := os.Remove(ballast); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publishRetry507(ctx, n, "disk", "after"); err != nil {
+		t.Fatalf("publish after space returned: %v", err)
+	}
+	mustTopic(t, n, "disk-new", nil)
+}
+
+// waitMetric polls n's /metrics until the unlabelled gauge name satisfies ok.
+func waitMetric(ctx context.Context, n *tc.Node, name string, ok func(float64) bool) error {
+	last := "never read"
+	for {
+		r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
+		if err == nil && r.Status == 200 {
+			for _, line := range strings.Split(string(r.Body), "\n") {
+				if v, found := strings.CutPrefix(line, name+" "); found {
+					last = v
+					if f, err := strconv.ParseFloat(v, 64); err == nil && ok(f) {
+						return nil
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("metric %s on %s: last %s: %w", name, n, last, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// publishRetry507 publishes until the answer is not 507 (space returning is
+// noticed within a second).
+func publishRetry507(ctx context.Context, n *tc.Node, topic, payload string) (tc.PublishResult, error) {
+	for {
+		pr, r, err := n.Publish(ctx, topic, []byte(payload), map[string]string{"Idempotency-Key": payload})
+		if err == nil || r == nil || r.Status != 507 {
+			return pr, err
+		}
+		select {
+		case <-ctx.Done():
+			return pr, fmt.Errorf("still 507: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// A node whose data dir really fills up (a 64 MiB tmpfs, default
+// --min-free-disk: 5 %) refuses publishes with 507 before the disk is full,
+// does not crash, and every acknowledged message is still delivered.
+func TestDiskFillsUp(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 64<<20))
+	n := c.Node(0)
+	ctx := ctxFor(t, 120*time.Second)
+	mustTopic(t, n, "fill", map[string]any{"max_message_bytes": 1 << 20})
+	payload := make([]byte, 64<<10)
+	acked := map[string]bool{}
+	refused := 0
+	for i := 0; i < 1000 && refused < 20; i++ {
+		key := fmt.Sprintf("k%04d", i)
+		copy(payload, key)
+		_, r, err := n.Publish(ctx, "fill", payload, map[string]string{"Idempotency-Key": key})
+		switch {
+		case err == nil:
+			acked[key] = true
+		case r != nil && r.Status == 507:
+			if code, _ := r.CheckError(); code != "insufficient_storage" {
+				t.Fatalf("507 with code %q: %s", code, r.Body)
+			}
+			refused++
+		default:
+			t.Fatalf("publish %s: %v (after %d acknowledged)", key, err, len(acked))
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("the disk never filled: %d acknowledged, free %d", len(acked), freeBytes(t, n.DataDir()))
+	}
+	t.Logf("acknowledged %d messages of 64 KiB, then 507; free %d bytes", len(acked), freeBytes(t, n.DataDir()))
+	if !n.Running() {
+		t.Fatalf("node exited with the disk full")
+	}
+	msgs, err := drain(ctx, n, "fill", "g", 500*time.Millisecond)
+	if err != nil {
+		t.Fatalf("drain with the disk full: %v", err)
+	}
+	got := map[string]bool{}
+	for _, m := range msgs {
+		got[m.IdempotencyKey] = true
+	}
+	for k := range acked {
+		if !got[k] {
+			t.Fatalf("acknowledged message %s not delivered (%d of %d delivered)", k, len(got), len(acked))
+		}
+	}
+	if !n.Running() {
+		t.Fatalf("node exited with the disk full")
+	}
+}
