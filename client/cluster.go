@@ -18,12 +18,12 @@ type NodeInfo struct {
 
 // ClusterStatus is the answer of GET /v1/cluster on the node that answered.
 type ClusterStatus struct {
-	Leader            *NodeInfo  `json:"leader"`
-	Nodes             []NodeInfo `json:"nodes"`
-	Self              string     `json:"self"`
-	AppliedIndex      uint64     `json:"applied_index"`
-	CommitIndex       uint64     `json:"commit_index"`
-	LastSnapshotIndex uint64     `json:"last_snapshot_index"`
+	Leader            *NodeInfo       `json:"leader"`
+	Nodes             []NodeInfo      `json:"nodes"`
+	Self              string          `json:"self"`
+	AppliedIndex      uint64          `json:"applied_index"`
+	CommitIndex       uint64          `json:"commit_index"`
+	LastSnapshotIndex uint64          `json:"last_snapshot_index"`
 	Raw               json.RawMessage `json:"-"`
 }
 

@@ -33,8 +33,8 @@ type Failure struct {
 
 // DLQPage is one page of dead letters; NextAfter is nil on the last page.
 type DLQPage struct {
-	DeadLetters []DeadLetter `json:"dead_letters"`
-	NextAfter   *uint64      `json:"next_after"`
+	DeadLetters []DeadLetter    `json:"dead_letters"`
+	NextAfter   *uint64         `json:"next_after"`
 	Raw         json.RawMessage `json:"-"`
 }
 
