@@ -24,6 +24,10 @@ var (
 	ErrHeaderTooLarge = errors.New("request header too large")
 	// ErrRequestTimeout: the request was not received within the read timeout.
 	ErrRequestTimeout = errors.New("request timeout")
+	// ErrUnauthenticated: no token, or one the auth file does not know.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrForbidden: a known token without the permission the route needs.
+	ErrForbidden = errors.New("forbidden")
 )
 
 type apiError struct {
@@ -37,6 +41,8 @@ func classify(err error) apiError {
 		err error
 		apiError
 	}{
+		{ErrUnauthenticated, apiError{401, "unauthenticated"}},
+		{ErrForbidden, apiError{403, "forbidden"}},
 		{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
 		{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
 		{dlq.ErrNotFound, apiError{404, "dead_letter_not_found"}},
@@ -81,7 +87,10 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	ae := classify(err)
 	var b errorBody
 	b.Error.Code, b.Error.Message = ae.code, err.Error()
-	if ae.status == 503 {
+	switch ae.status {
+	case 401:
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+	case 503:
 		ctx.Response.Header.Set("Retry-After", "1")
 	}
 	writeJSON(ctx, ae.status, b)

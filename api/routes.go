@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/mqd/mqd/auth"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
@@ -71,6 +72,7 @@ type route struct {
 	def          *Route
 	topic, group string
 	dlqID        string
+	id           *auth.Identity  // the caller's token; nil when auth is off
 	ctx          context.Context // the request's deadline, for leader routes
 }
 

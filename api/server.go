@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -29,9 +30,20 @@ const (
 	readBufferSize   = 64 << 10 // also the largest request head fasthttp reads
 )
 
+// Options are the server's security settings.
+type Options struct {
+	// Auth holds the tokens of --auth-file; nil serves without tokens.
+	Auth *auth.Store
+	// PeerCerts: node-to-node routes also accept a TLS client certificate
+	// that verified against the cluster's CA (set when TLS is on). Without
+	// auth, it is then the only way onto those routes.
+	PeerCerts bool
+}
+
 // Server serves mqd's HTTP API for one node.
 type Server struct {
 	node    *raftfsm.Node
+	opts    Options
 	logger  *slog.Logger
 	srv     *fasthttp.Server
 	fwd     *fasthttp.Client
@@ -44,8 +56,8 @@ type Server struct {
 }
 
 // New builds a server for node.
-func New(node *raftfsm.Node, logger *slog.Logger) *Server {
-	s := &Server{node: node, logger: logger, waiters: newWaiters()}
+func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
+	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters()}
 	s.metrics = newMetrics(s)
 	s.table = s.routes()
 	rt, err := newRouter(s.table)
@@ -87,10 +99,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return s.srv.ShutdownWithContext(ctx)
 }
 
+// handle answers one request: match the route, authorize the caller
+// (before anything about the request is validated or looked up, so that a
+// refused caller learns nothing about what exists), validate the names, run.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	r := &route{}
 	err := s.router.match(ctx.Method(), string(ctx.Path()), r)
-	if err == nil {
+	if err != nil {
+		// No such route: that too is only for known callers.
+		if aerr := s.authenticate(ctx, r); aerr != nil {
+			err = aerr
+		}
+	} else if err = s.authorize(ctx, r); err == nil {
 		err = r.validate()
 	}
 	if err == nil {

@@ -144,11 +144,14 @@ func readTopicStats(tx *bolt.Tx, topic string, now int64) (*topicStats, error) {
 	return st, nil
 }
 
-func (s *Server) listTopics(ctx *fasthttp.RequestCtx, _ *route) error {
+func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	out := []*topicStats{}
 	now := nowMs()
 	err := s.node.FSM.View(func(tx *bolt.Tx) error {
 		for _, t := range mlog.Topics(tx) {
+			if !r.sees(t) {
+				continue
+			}
 			st, err := readTopicStats(tx, t, now)
 			if err != nil {
 				return err

@@ -68,7 +68,7 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 			return // the leader loop records itself
 		}
 		for _, p := range append([]string{n.cfg.HTTPAddr}, peers...) {
-			if postJoin(ctx, client, p, n.Info()) == nil {
+			if n.postJoin(ctx, client, p, n.Info()) == nil {
 				return
 			}
 		}
@@ -82,12 +82,12 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 		if p == n.cfg.HTTPAddr {
 			continue
 		}
-		st, err := getStatus(ctx, client, p)
+		st, err := n.getStatus(ctx, client, p)
 		if err != nil || st.ID == n.cfg.ID {
 			continue
 		}
 		if st.Bootstrapped {
-			if err := postJoin(ctx, client, p, n.Info()); err != nil {
+			if err := n.postJoin(ctx, client, p, n.Info()); err != nil {
 				n.logger.Debug("join", "peer", p, "err", err)
 			}
 			return
@@ -117,12 +117,13 @@ func cmpStr(a, b string) int {
 	return 0
 }
 
-func getStatus(ctx context.Context, c *http.Client, addr string) (Status, error) {
+func (n *Node) getStatus(ctx context.Context, c *http.Client, addr string) (Status, error) {
 	var st Status
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/internal/status", nil)
 	if err != nil {
 		return st, err
 	}
+	n.nodeAuth(req)
 	resp, err := c.Do(req)
 	if err != nil {
 		return st, err
@@ -134,13 +135,14 @@ func getStatus(ctx context.Context, c *http.Client, addr string) (Status, error)
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
-func postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) error {
+func (n *Node) postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) error {
 	body, _ := json.Marshal(info)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/internal/join", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	n.nodeAuth(req)
 	resp, err := c.Do(req)
 	if err != nil {
 		return err
@@ -150,4 +152,11 @@ func postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) e
 		return fmt.Errorf("join via %s: status %d", addr, resp.StatusCode)
 	}
 	return nil
+}
+
+// nodeAuth adds the node token to a node-to-node request, if there is one.
+func (n *Node) nodeAuth(req *http.Request) {
+	if n.cfg.NodeToken != "" {
+		req.Header.Set("Authorization", "Bearer "+n.cfg.NodeToken)
+	}
 }

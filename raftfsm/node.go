@@ -24,6 +24,7 @@ type Config struct {
 	RaftAddr          string // listen address
 	RaftAdvertise     string // address peers dial; defaults to RaftAddr
 	HTTPAddr          string // advertised to peers for forwarding
+	NodeToken         string // bearer token for node-to-node HTTP calls (join, status); may be empty
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64

@@ -15,5 +15,8 @@ func main() {
 	if len(args) == 0 || args[0] == "serve" || strings.HasPrefix(args[0], "-") {
 		os.Exit(serve(args))
 	}
+	if args[0] == "token" {
+		os.Exit(tokenCmd(args[1:], os.Stdout, os.Stderr))
+	}
 	os.Exit(serve(args)) // client commands are dispatched here
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/api"
+	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
 )
 
@@ -31,10 +32,15 @@ const (
 	flagTrailingLogs      = "trailing-logs"
 	flagLogLevel          = "log-level"
 	flagMinFreeDisk       = "min-free-disk"
+	flagAuthFile          = "auth-file"
+	flagNodeToken         = "node-token"
+	flagInsecure          = "insecure"
 )
 
 type options struct {
 	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel string
+	authFile, nodeToken                                            string
+	insecure                                                       bool
 	bootstrapExpect                                                int
 	snapshotThreshold, trailingLogs                                uint64
 	snapshotInterval                                               time.Duration
@@ -57,6 +63,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
+	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
+	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
+	fs.BoolVar(&o.insecure, flagInsecure, false, "serve without --auth-file on a non-loopback --http-addr")
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -81,6 +90,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
+	}
+	if o.authFile == "" && !o.insecure && !loopback(o.httpAddr) {
+		return nil, fmt.Errorf("--http-addr %s is not a loopback address: give --auth-file (tokens) or, to serve openly anyway, --insecure", o.httpAddr)
 	}
 	return o, nil
 }
@@ -109,12 +121,21 @@ func run(o *options) error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
+	var tokens *auth.Store
+	if o.authFile != "" {
+		var err error
+		if tokens, err = auth.Load(o.authFile); err != nil {
+			return err
+		}
+		logger.Info("auth: tokens loaded", "file", o.authFile, "tokens", tokens.Len())
+	}
 	ln, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		return fmt.Errorf("http listen: %w", err)
 	}
 	node, err := raftfsm.Open(raftfsm.Config{
 		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
+		NodeToken:         o.nodeToken,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
 		MinFreeDisk: o.minFreeDisk, Logger: logger,
 	})
@@ -122,9 +143,10 @@ func run(o *options) error {
 		ln.Close()
 		return err
 	}
-	srv := api.New(node, logger)
+	srv := api.New(node, logger, api.Options{Auth: tokens})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	go reloadOnHUP(ctx, logger, tokens)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	go node.Run(ctx)
@@ -157,4 +179,41 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// reloadOnHUP re-reads the token file on every SIGHUP until ctx ends. A
+// file that does not load keeps the tokens in force; the log says why.
+func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		if tokens == nil {
+			logger.Info("SIGHUP: nothing to reload")
+			continue
+		}
+		if err := tokens.Reload(); err != nil {
+			logger.Error("SIGHUP: auth file not reloaded, the previous tokens stay in force", "err", err)
+			continue
+		}
+		logger.Info("SIGHUP: auth file reloaded", "tokens", tokens.Len())
+	}
 }

@@ -3,6 +3,8 @@ package testcluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +16,24 @@ import (
 // Client is a small HTTP client for JSON APIs with timeouts and keep-alive.
 type Client struct {
 	HTTP *http.Client
+	// Token, when set, is sent as "Authorization: Bearer <Token>" on every
+	// request that does not set its own Authorization header.
+	Token string
+}
+
+// WithToken returns a client that shares c's connections and sends token.
+func (c *Client) WithToken(token string) *Client { return &Client{HTTP: c.HTTP, Token: token} }
+
+// NewTLSClient is NewClient for HTTPS: it trusts the CA certificates in
+// roots and, when cert is not nil, presents it as a client certificate.
+func NewTLSClient(timeout time.Duration, maxIdlePerHost int, roots *x509.CertPool, cert *tls.Certificate) *Client {
+	c := NewClient(timeout, maxIdlePerHost)
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	c.HTTP.Transport.(*http.Transport).TLSClientConfig = cfg
+	return c
 }
 
 // NewClient returns a Client whose requests time out after timeout in total
@@ -123,6 +143,9 @@ func (c *Client) DoHeader(ctx context.Context, method, url string, body any, hdr
 	}
 	if isJSON {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" && hdr.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	for k, vs := range hdr {
 		for _, v := range vs {

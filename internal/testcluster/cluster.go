@@ -21,7 +21,17 @@ type config struct {
 	client       *Client
 	logTail      int
 	nodeArgs     []func(*Node) []string
+	env          []string
+	scheme       string
 }
+
+// WithEnv adds environment variables ("NAME=value") to every node's
+// process (for secrets that must not show in the command line or logs).
+func WithEnv(kv ...string) Option { return func(c *config) { c.env = append(c.env, kv...) } }
+
+// WithHTTPS makes the harness speak https to the nodes (pair it with
+// WithClient and a client from NewTLSClient).
+func WithHTTPS() Option { return func(c *config) { c.scheme = "https" } }
 
 // WithFlags appends command-line flags to every node's command.
 func WithFlags(flags ...string) Option {
@@ -69,7 +79,7 @@ type Cluster struct {
 // is killed in tb's cleanup; if tb failed, each node's log tail is printed.
 func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	tb.Helper()
-	cfg := config{readyTimeout: 30 * time.Second, client: DefaultClient, logTail: 60}
+	cfg := config{readyTimeout: 30 * time.Second, client: DefaultClient, logTail: 60, scheme: "http"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -88,7 +98,8 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		}
 		id := "n" + strconv.Itoa(i+1)
 		c.nodes = append(c.nodes, &Node{tb: tb, client: cfg.client, id: id, httpAddr: h, raftAddr: r,
-			dataDir: filepath.Join(root, id), logPath: filepath.Join(root, id+".log")})
+			dataDir: filepath.Join(root, id), logPath: filepath.Join(root, id+".log"),
+			env: cfg.env, scheme: cfg.scheme})
 		httpAddrs = append(httpAddrs, h)
 	}
 	for _, nd := range c.nodes {

@@ -27,6 +27,8 @@ type Node struct {
 	dataDir  string
 	logPath  string
 	args     []string
+	env      []string
+	scheme   string
 
 	mu     sync.Mutex
 	proc   *process
@@ -51,7 +53,7 @@ func (n *Node) HTTPAddr() string { return n.httpAddr }
 func (n *Node) RaftAddr() string { return n.raftAddr }
 
 // URL is the node's HTTP base URL, without a trailing slash.
-func (n *Node) URL() string { return "http://" + n.httpAddr }
+func (n *Node) URL() string { return n.scheme + "://" + n.httpAddr }
 
 // DataDir is the node's --data-dir.
 func (n *Node) DataDir() string { return n.dataDir }
@@ -114,6 +116,9 @@ func (n *Node) start() error {
 	}
 	fmt.Fprintf(lf, "=== testcluster: %s start %s %s\n", time.Now().Format(time.RFC3339Nano), n.id, strings.Join(n.args, " "))
 	cmd := exec.Command(Binary(n.tb), n.args...)
+	if len(n.env) > 0 {
+		cmd.Env = append(os.Environ(), n.env...)
+	}
 	cmd.Stdout = lf
 	cmd.Stderr = lf
 	// Own process group: terminal signals do not reach it. Pdeathsig: the node
@@ -226,6 +231,17 @@ func (n *Node) StopWithin(d time.Duration) (time.Duration, error) {
 		return time.Since(start), fmt.Errorf("node %s did not exit within %v of SIGTERM; killed", n.id, d)
 	}
 }
+
+// Reload sends SIGHUP (re-read the auth file and certificates).
+func (n *Node) Reload() {
+	n.tb.Helper()
+	if !n.signal(syscall.SIGHUP) {
+		n.tb.Fatalf("reload %s: not running", n.id)
+	}
+}
+
+// SetArgs replaces the node's command-line arguments for its next start.
+func (n *Node) SetArgs(args []string) { n.args = append([]string(nil), args...) }
 
 // Pause stops the process with SIGSTOP (it keeps its sockets but answers nothing).
 func (n *Node) Pause() {

@@ -1,0 +1,330 @@
+package test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqd/mqd/auth"
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// authFixture is a token file with one token per role and its secrets.
+type authFixture struct {
+	path    string
+	secrets map[string]string // token name → secret
+}
+
+func authTokens(t *testing.T, perms map[string][]string) *authFixture {
+	t.Helper()
+	fx := &authFixture{path: filepath.Join(t.TempDir(), "auth.json"), secrets: map[string]string{}}
+	var f auth.File
+	for name, ps := range perms {
+		secret, err := auth.NewSecret()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fx.secrets[name] = secret
+		f.Tokens = append(f.Tokens, auth.TokenEntry{Name: name, SHA256: auth.Hash(secret), Permissions: ps})
+	}
+	fx.write(t, &f)
+	return fx
+}
+
+func (fx *authFixture) write(t *testing.T, f *auth.File) {
+	t.Helper()
+	b, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fx.path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var authRoles = map[string][]string{
+	"node":    {"cluster"},
+	"ops":     {"monitor", "admin:*"}, // the harness's own token
+	"monitor": {"monitor"},
+	"pub":     {"publish:orders*"},
+	"cons":    {"consume:orders*"},
+	"admin":   {"admin:orders*"},
+	"other":   {"publish:invoices", "consume:invoices", "admin:invoices", "monitor"},
+}
+
+// startAuthCluster starts n nodes with --auth-file; nodes authenticate to
+// each other with the node token from the environment.
+func startAuthCluster(t *testing.T, n int, fx *authFixture, opts ...tc.Option) *tc.Cluster {
+	t.Helper()
+	cl := tc.NewClient(15*time.Second, 16).WithToken(fx.secrets["ops"])
+	opts = append([]tc.Option{tc.WithFlags("--auth-file", fx.path), tc.WithEnv("MQD_NODE_TOKEN=" + fx.secrets["node"]),
+		tc.WithClient(cl)}, opts...)
+	return tc.Start(t, n, opts...)
+}
+
+// authCase is one route of the matrix: who lacks the permission, who holds
+// it, and the status the holder gets.
+type authCase struct {
+	method, path string
+	body         any
+	without      string // a known token without the permission ("" when every token may)
+	with         string // a token with it ("" for open routes)
+	want         int    // the status the right token gets
+}
+
+func authMatrix() []authCase {
+	const g = "/v1/topics/orders/groups/g"
+	receipts := map[string]any{"receipts": []string{"bogus"}}
+	return []authCase{
+		{"GET", "/metrics", nil, "pub", "monitor", 200},
+		{"GET", "/v1/cluster", nil, "admin", "monitor", 200},
+		{"GET", "/debug/pprof/", nil, "admin", "monitor", 200},
+		{"GET", "/v1/internal/status", nil, "ops", "node", 200},
+		{"POST", "/v1/internal/join", map[string]any{}, "ops", "node", 400},
+		{"GET", "/v1/topics", nil, "", "pub", 200},
+		{"PUT", "/v1/topics/orders.new", map[string]any{}, "pub", "admin", 201},
+		{"GET", "/v1/topics/orders", nil, "other", "cons", 200},
+		{"GET", "/v1/topics/orders-nonexistent", nil, "other", "pub", 404},
+		{"DELETE", "/v1/topics/orders.new", nil, "cons", "admin", 200},
+		{"POST", "/v1/topics/orders/messages", "m1", "cons", "pub", 201},
+		{"POST", "/v1/topics/orders/messages:batch", map[string]any{"messages": []any{map[string]any{"value": "b"}}}, "admin", "pub", 200},
+		{"PUT", g, nil, "pub", "cons", 201},
+		{"POST", g + "/fetch", map[string]any{"max": 1}, "pub", "cons", 200},
+		{"POST", g + "/ack", receipts, "admin", "cons", 200},
+		{"POST", g + "/nack", receipts, "pub", "cons", 200},
+		{"POST", g + "/extend", map[string]any{"receipts": []string{"bogus"}, "lease_ms": 1000}, "other", "cons", 200},
+		{"GET", g + "/dlq", nil, "pub", "cons", 200},
+		{"POST", g + "/dlq/replay", map[string]any{"all": true}, "cons", "admin", 200},
+		{"DELETE", g + "/dlq/12345", nil, "cons", "admin", 404},
+		{"DELETE", g, nil, "cons", "admin", 200},
+		// Refusal comes before validation: a bad name or a missing topic
+		// answers 403 to a token without the permission.
+		{"PUT", "/v1/topics/orders..bad!", nil, "pub", "admin", 400},
+		{"GET", "/v1/no-such-route", nil, "", "pub", 404},
+		{"GET", "/healthz", nil, "", "", 200},
+		{"GET", "/readyz", nil, "", "", 200},
+	}
+}
+
+// TestAuthMatrix sends every route with no token, a wrong token, a token
+// without the permission and the right token, to the leader and to a
+// follower (which forwards leader routes with the caller's token).
+func TestAuthMatrix(t *testing.T) {
+	t.Parallel()
+	fx := authTokens(t, authRoles)
+	c := startAuthCluster(t, 3, fx)
+	l, fs := mustRoles(t, c)
+	mustTopic(t, l, "orders", nil)
+	mustTopic(t, l, "invoices", nil)
+	anon := tc.NewClient(15*time.Second, 4)
+	for _, n := range []*tc.Node{l, fs[0]} {
+		for _, ac := range authMatrix() {
+			name := n.ID() + " " + ac.method + " " + ac.path
+			do := func(token string) *tc.Response {
+				t.Helper()
+				cl := anon
+				if token != "" {
+					cl = anon.WithToken(token)
+				}
+				r, err := cl.Do(ctxFor(t, 15*time.Second), ac.method, n.URL()+ac.path, ac.body, nil)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				return r
+			}
+			if ac.with != "" {
+				for _, bad := range []string{"", "mqd_wrong", fx.secrets["node"] + "x"} {
+					r := do(bad)
+					expectError(t, name+" token "+short(bad), r, 401, "unauthenticated")
+					if got := r.Header.Get("WWW-Authenticate"); got != "Bearer" {
+						t.Errorf("%s: WWW-Authenticate %q, want Bearer", name, got)
+					}
+				}
+			}
+			if ac.without != "" {
+				expectError(t, name+" token "+ac.without, do(fx.secrets[ac.without]), 403, "forbidden")
+			}
+			r := do(fx.secrets[ac.with])
+			if r.Status != ac.want {
+				t.Errorf("%s with %q: %d %s, want %d", name, ac.with, r.Status, r.Body, ac.want)
+			}
+		}
+	}
+	// The topic list shows only what a token may see.
+	for token, want := range map[string]string{"pub": "orders", "other": "invoices", "ops": "invoices,orders", "monitor": ""} {
+		for _, n := range []*tc.Node{l, fs[1]} {
+			r, err := anon.WithToken(fx.secrets[token]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/topics", nil, nil)
+			if err != nil || r.Status != 200 {
+				t.Fatalf("list as %s: %v %v", token, err, r)
+			}
+			var list struct {
+				Topics []struct{ Name string } `json:"topics"`
+			}
+			if err := r.JSON(&list); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, tp := range list.Topics {
+				names = append(names, tp.Name)
+			}
+			if got := strings.Join(names, ","); got != want {
+				t.Errorf("GET /v1/topics via %s as %s lists %q, want %q", n.ID(), token, got, want)
+			}
+		}
+	}
+	// Nothing secret in the logs: no token secret, no Authorization header.
+	for _, n := range c.Nodes() {
+		b, err := os.ReadFile(n.LogPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, s := range fx.secrets {
+			if strings.Contains(string(b), s) {
+				t.Errorf("node %s's log holds the secret of token %s", n.ID(), name)
+			}
+		}
+	}
+}
+
+func short(s string) string {
+	if len(s) > 8 {
+		return s[:8] + "..."
+	}
+	return "\"" + s + "\""
+}
+
+// expectError checks status and JSON error code.
+func expectError(t *testing.T, what string, r *tc.Response, status int, code string) {
+	t.Helper()
+	if r.Status != status {
+		t.Errorf("%s: %d %s, want %d", what, r.Status, r.Body, status)
+		return
+	}
+	got, err := r.CheckError()
+	if err != nil || got != code {
+		t.Errorf("%s: code %q (%v), want %q", what, got, err, code)
+	}
+}
+
+// TestAuthReload: SIGHUP revokes and grants tokens (one added with `mqd
+// token new`), and a bad file keeps the tokens in force.
+func TestAuthReload(t *testing.T) {
+	t.Parallel()
+	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "node": {"cluster"}, "pub": {"publish:*"}})
+	c := startAuthCluster(t, 1, fx)
+	n := c.Node(0)
+	mustTopic(t, n, "t", nil)
+	publishAs := func(secret string) int {
+		t.Helper()
+		r, err := tc.DefaultClient.WithToken(secret).Do(ctxFor(t, 15*time.Second), "POST", n.URL()+"/v1/topics/t/messages", "x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Status
+	}
+	if st := publishAs(fx.secrets["pub"]); st != 201 {
+		t.Fatalf("pub before reload: %d", st)
+	}
+	// Grant with the CLI, revoke "pub" by rewriting the file.
+	out, err := exec.Command(tc.Binary(t), "token", "new", "--name", "late", "--permission", "publish:t", "--auth-file", fx.path).Output()
+	if err != nil {
+		t.Fatalf("mqd token new: %v", err)
+	}
+	late := strings.TrimSpace(string(out))
+	if fi, err := os.Stat(fx.path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("auth file after token new: %v %v", fi.Mode(), err)
+	}
+	data, _ := os.ReadFile(fx.path)
+	if strings.Contains(string(data), late) {
+		t.Fatal("the auth file holds the new secret")
+	}
+	f, err := auth.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []auth.TokenEntry
+	for _, e := range f.Tokens {
+		if e.Name != "pub" {
+			kept = append(kept, e)
+		}
+	}
+	f.Tokens = kept
+	fx.write(t, f)
+	if st := publishAs(late); st != 401 {
+		t.Fatalf("new token before SIGHUP: %d, want 401", st)
+	}
+	n.Reload()
+	waitStatus(t, func() int { return publishAs(late) }, 201, "new token after SIGHUP")
+	if st := publishAs(fx.secrets["pub"]); st != 401 {
+		t.Fatalf("revoked token after SIGHUP: %d, want 401", st)
+	}
+	// A bad file: the tokens in force stay, the log says why.
+	if err := os.WriteFile(fx.path, []byte(`{"tokens":[{"name":"x","sha256":"nothex"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.Reload()
+	waitLog(t, n, "auth file not reloaded")
+	if st := publishAs(late); st != 201 {
+		t.Fatalf("token after a bad reload: %d, want 201", st)
+	}
+}
+
+// waitStatus polls f (bounded) until it answers want.
+func waitStatus(t *testing.T, f func() int, want int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := f()
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d, want %d", what, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitLog polls the node's log (bounded) until it contains s.
+func waitLog(t *testing.T, n *tc.Node, s string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(n.LogPath())
+		if strings.Contains(string(b), s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: log never said %q", n.ID(), s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAuthProtectedMode: without --auth-file, mqd refuses a non-loopback
+// --http-addr unless --insecure.
+func TestAuthProtectedMode(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(tc.Binary(t), "--data-dir", filepath.Join(dir, "d"), "--http-addr", "0.0.0.0:0", "--raft-addr", "127.0.0.1:0")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--auth-file") {
+		t.Fatalf("started openly on 0.0.0.0: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "d")); err == nil {
+		t.Fatal("refused start created the data dir")
+	}
+	// With --insecure it starts (and answers on loopback).
+	c := tc.Start(t, 1, tc.WithNodeArgs(func(n *tc.Node) []string {
+		return []string{"--http-addr", "0.0.0.0:" + strings.Split(n.HTTPAddr(), ":")[1], "--insecure"}
+	}))
+	r, err := c.Node(0).Do(ctxFor(t, 10*time.Second), http.MethodGet, "/v1/topics", nil, nil)
+	if err != nil || r.Status != 200 {
+		t.Fatalf("insecure node: %v %v", err, r)
+	}
+}
