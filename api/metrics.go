@@ -2,8 +2,12 @@ package api
 
 import (
 	"strconv"
+	"sync"
+	"time"
 
+	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -12,89 +16,191 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// metrics are the HTTP layer's Prometheus families; the node adds its own
+// (raftfsm.Node.Collectors). Labels are bounded: topics, groups, route
+// patterns, status codes; never keys, offsets or paths.
 type metrics struct {
-	reg       *prometheus.Registry
-	published prometheus.Counter
-	dedupHits prometheus.Counter
-	acks      *prometheus.CounterVec
-	requests  *prometheus.CounterVec
-	commitLat prometheus.Histogram
-	handler   fasthttp.RequestHandler
+	reg         *prometheus.Registry
+	published   *prometheus.CounterVec
+	duplicates  *prometheus.CounterVec
+	receipts    *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	requestTime *prometheus.HistogramVec
+	commitLat   prometheus.Histogram
+	handler     fasthttp.RequestHandler
+
+	mu    sync.Mutex
+	known map[raftfsm.TopicGroup]bool // series made so far; Group "" for a topic's
 }
 
 func newMetrics(s *Server) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
-	m.published = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_published_messages_total",
-		Help: "Messages published through this node while it led."})
-	m.dedupHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_publish_duplicates_total",
-		Help: "Publishes answered as duplicates (idempotency key or producer sequence)."})
-	m.acks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_receipts_total",
+	m := &metrics{reg: prometheus.NewRegistry(), known: map[raftfsm.TopicGroup]bool{}}
+	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_published_messages_total",
+		Help: "Messages stored by publishes this node committed as leader (duplicates not included)."}, []string{"topic"})
+	m.duplicates = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_publish_duplicates_total",
+		Help: "Publishes answered as duplicates (idempotency key or producer sequence) by this node as leader."}, []string{"topic"})
+	m.receipts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_receipts_total",
 		Help: "Receipts of ack, nack and extend by operation and result (ok, stale, invalid)."}, []string{"op", "status"})
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_http_requests_total",
-		Help: "HTTP requests by status code."}, []string{"code"})
+		Help: "HTTP requests this node answered, by route pattern and status code."}, []string{"route", "code"})
+	m.requestTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mqd_http_request_seconds",
+		Help:    "Time to answer an HTTP request, by route pattern (a fetch includes its long-poll wait).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"route"})
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
-		Help: "Time from proposing a publish to its commit and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
-	m.reg.MustRegister(m.published, m.dedupHits, m.acks, m.requests, m.commitLat, &stateCollector{s},
+		Help: "Leader: time from proposing a publish to its commit on a majority and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
+	m.reg.MustRegister(m.published, m.duplicates, m.receipts, m.requests, m.requestTime, m.commitLat, &stateCollector{s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(s.node.Collectors()...)
+	for _, op := range []string{"ack", "nack", "extend"} {
+		for _, st := range []string{group.StatusOK, group.StatusStale, group.StatusInvalid} {
+			m.receipts.WithLabelValues(op, st)
+		}
+	}
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }
 
-func (m *metrics) commit(ms int64, err error) {
+func (m *metrics) commit(d time.Duration, err error) {
 	if err == nil {
-		m.commitLat.Observe(float64(ms) / 1000)
+		m.commitLat.Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) countPublished(topic string, ps []raftfsm.Published) {
+	var stored, dup int
+	for _, p := range ps {
+		if p.Duplicate {
+			dup++
+		} else {
+			stored++
+		}
+	}
+	if stored > 0 {
+		m.published.WithLabelValues(topic).Add(float64(stored))
+	}
+	if dup > 0 {
+		m.duplicates.WithLabelValues(topic).Add(float64(dup))
 	}
 }
 
 func (m *metrics) countReceipts(op string, statuses []string) {
 	for _, st := range statuses {
-		m.acks.WithLabelValues(op, st).Inc()
+		m.receipts.WithLabelValues(op, st).Inc()
 	}
 }
 
-func (m *metrics) observeRequest(code int) {
-	m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+func (m *metrics) observeRequest(route string, code int, d time.Duration) {
+	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.requestTime.WithLabelValues(route).Observe(d.Seconds())
 }
 
 func (s *Server) metricsHandler(ctx *fasthttp.RequestCtx, _ *route) error {
+	s.syncSeries()
 	s.metrics.handler(ctx)
 	return nil
 }
 
-// stateCollector reads raft state and per-group figures at scrape time.
+// syncSeries makes the per-topic and per-group counters show 0 for every
+// existing topic and group (so that a family exists, and rate() sees its
+// first event), and drops the series of deleted ones.
+func (s *Server) syncSeries() {
+	now := map[raftfsm.TopicGroup]bool{}
+	_ = s.node.FSM.View(func(tx *bolt.Tx) error {
+		for _, t := range mlog.Topics(tx) {
+			now[raftfsm.TopicGroup{Topic: t}] = true
+			if l, err := mlog.Open(tx, t); err == nil {
+				for _, g := range group.Names(l) {
+					now[raftfsm.TopicGroup{Topic: t, Group: g}] = true
+				}
+			}
+		}
+		return nil
+	})
+	m := s.metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range now {
+		if m.known[k] {
+			continue
+		}
+		m.known[k] = true
+		if k.Group == "" {
+			m.published.WithLabelValues(k.Topic)
+			m.duplicates.WithLabelValues(k.Topic)
+		} else {
+			s.node.GroupSeries(k, true)
+		}
+	}
+	for k := range m.known {
+		if now[k] {
+			continue
+		}
+		delete(m.known, k)
+		if k.Group == "" {
+			m.published.DeleteLabelValues(k.Topic)
+			m.duplicates.DeleteLabelValues(k.Topic)
+		} else {
+			s.node.GroupSeries(k, false)
+		}
+	}
+}
+
+// stateCollector reads per-topic and per-group figures at scrape time from
+// counters the FSM keeps (O(topics × groups × partitions), no message is
+// read).
 type stateCollector struct{ s *Server }
 
 var (
-	descRaftState = prometheus.NewDesc("mqd_raft_state", "1 for this node's current raft state.", []string{"state"}, nil)
-	descApplied   = prometheus.NewDesc("mqd_raft_applied_index", "Last applied raft index.", nil, nil)
-	descMessages  = prometheus.NewDesc("mqd_topic_messages", "Retained messages per topic.", []string{"topic"}, nil)
-	descGroup     = prometheus.NewDesc("mqd_group_messages", "Messages per group by state.", []string{"topic", "group", "state"}, nil)
-	descGroupDone = prometheus.NewDesc("mqd_group_acked_total", "Messages acked per group.", []string{"topic", "group"}, nil)
+	descTopicMessages = prometheus.NewDesc("mqd_topic_messages", "Retained messages per topic.", []string{"topic"}, nil)
+	descTopicBytes    = prometheus.NewDesc("mqd_topic_bytes", "Retained payload bytes per topic.", []string{"topic"}, nil)
+	descBacklog       = prometheus.NewDesc("mqd_group_backlog_messages",
+		"Messages waiting for delivery to the group: not yet delivered, or waiting for a redelivery (whether or not its backoff has passed).", []string{"topic", "group"}, nil)
+	descInFlight = prometheus.NewDesc("mqd_group_in_flight_messages", "Messages leased to the group's consumers and not yet acked.", []string{"topic", "group"}, nil)
+	descDLQ      = prometheus.NewDesc("mqd_dlq_messages", "Dead letters in the group's dead-letter store.", []string{"topic", "group"}, nil)
+	descAcked    = prometheus.NewDesc("mqd_group_acked_messages_total", "Messages the group acked (kept in the replicated state).", []string{"topic", "group"}, nil)
+	descSkipped  = prometheus.NewDesc("mqd_group_duplicates_skipped_total",
+		"Messages not delivered to the group because it had already processed their idempotency key.", []string{"topic", "group"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRaftState, descApplied, descMessages, descGroup, descGroupDone} {
+	for _, d := range []*prometheus.Desc{descTopicMessages, descTopicBytes, descBacklog, descInFlight, descDLQ, descAcked, descSkipped} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, 1, stateName(c.s.node.Raft.State().String()))
-	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(c.s.node.FSM.AppliedIndex()))
 	now := nowMs()
+	gauge := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
 	_ = c.s.node.FSM.View(func(tx *bolt.Tx) error {
 		for _, t := range mlog.Topics(tx) {
-			st, err := readTopicStats(tx, t, now)
+			l, err := mlog.Open(tx, t)
 			if err != nil {
 				continue
 			}
-			ch <- prometheus.MustNewConstMetric(descMessages, prometheus.GaugeValue, float64(st.Messages), t)
-			for g, gs := range st.Groups {
-				for state, v := range map[string]uint64{"backlog": gs.Backlog, "in_flight": gs.InFlight, "delayed": gs.Delayed, "dlq": gs.DLQ} {
-					ch <- prometheus.MustNewConstMetric(descGroup, prometheus.GaugeValue, float64(v), t, g, state)
+			var msgs, bytes uint64
+			for i := uint32(0); i < l.Cfg.Partitions; i++ {
+				if p, err := l.Partition(i); err == nil {
+					msgs, bytes = msgs+p.Meta.Count(), bytes+p.Meta.Bytes
 				}
-				ch <- prometheus.MustNewConstMetric(descGroupDone, prometheus.CounterValue, float64(gs.Acked), t, g)
+			}
+			gauge(descTopicMessages, msgs, t)
+			gauge(descTopicBytes, bytes, t)
+			for _, name := range group.Names(l) {
+				g, err := group.Open(tx, l, name, false, now)
+				if err != nil {
+					continue
+				}
+				gs, err := g.Gauges()
+				if err != nil {
+					continue
+				}
+				gauge(descBacklog, gs.Waiting, t, name)
+				gauge(descInFlight, gs.InFlight, t, name)
+				gauge(descDLQ, gs.DLQ, t, name)
+				ch <- prometheus.MustNewConstMetric(descAcked, prometheus.CounterValue, float64(gs.Acked), t, name)
+				ch <- prometheus.MustNewConstMetric(descSkipped, prometheus.CounterValue, float64(gs.DuplicatesSkipped), t, name)
 			}
 		}
 		return nil

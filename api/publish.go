@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	mlog "github.com/mqd/mqd/log"
@@ -78,7 +79,7 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 		return err
 	}
 	if dup, ok := s.knownDuplicate(r.topic, m.msg.IdempotencyKey, prod); ok {
-		s.metrics.dedupHits.Inc()
+		s.metrics.duplicates.WithLabelValues(r.topic).Inc()
 		writeJSON(ctx, 200, publishAnswer{Topic: r.topic, Partition: dup.Partition, Offset: dup.Offset, Duplicate: true})
 		return nil
 	}
@@ -93,7 +94,6 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	status := 201
 	if p.Duplicate {
 		status = 200
-		s.metrics.dedupHits.Inc()
 	}
 	writeJSON(ctx, status, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate})
 	return nil
@@ -137,14 +137,14 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	if err := s.node.CheckDisk(bodySize); err != nil {
 		return nil, err
 	}
-	start := nowMs()
+	start := time.Now()
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
-	s.metrics.commit(nowMs()-start, err)
+	s.metrics.commit(time.Since(start), err)
 	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) || errors.Is(err, raftfsm.ErrSeqOverlap) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
 	}
 	if err == nil {
-		s.metrics.published.Add(float64(len(msgs)))
+		s.metrics.countPublished(r.topic, res.Published)
 	}
 	return res, err
 }
@@ -354,9 +354,6 @@ func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
 	out := make([]publishAnswer, len(res.Published))
 	for i, p := range res.Published {
 		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate}
-		if p.Duplicate {
-			s.metrics.dedupHits.Inc()
-		}
 	}
 	writeJSON(ctx, 200, map[string]any{"results": out})
 	return nil

@@ -103,6 +103,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // (before anything about the request is validated or looked up, so that a
 // refused caller learns nothing about what exists), validate the names, run.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
 	r := &route{}
 	err := s.router.match(ctx.Method(), string(ctx.Path()), r)
 	if err != nil {
@@ -123,7 +124,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if err != nil {
 		writeError(ctx, err)
 	}
-	s.metrics.observeRequest(ctx.Response.StatusCode())
+	pattern := "unmatched" // the metrics' route label: a pattern, never a path
+	if r.def != nil {
+		pattern = r.def.Pattern
+	}
+	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), time.Since(start))
 }
 
 // deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the

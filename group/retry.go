@@ -64,6 +64,13 @@ func (g *Group) fail(p uint32, off uint64, rec record, f Failure) error {
 	if m == nil { // trimmed: nothing left to retry
 		return g.remove(p, off, rec)
 	}
+	g.count(func(t *Tally) {
+		if f.Kind == dlq.KindLeaseExpired {
+			t.LeasesExpired++
+		} else {
+			t.Nacked++
+		}
+	})
 	pol := g.policyOf(m)
 	nr := record{RetryCount: rec.RetryCount + 1, Key: rec.Key, Reason: f.Reason,
 		History: dlq.AppendHistory(rec.History, f.Failure)}
@@ -96,6 +103,7 @@ func (g *Group) bury(p uint32, off uint64, old, nr record, m *mlog.Message, at i
 		return err
 	}
 	nr.State, nr.Delivery, nr.Until = stateDead, id, at
+	g.count(func(t *Tally) { t.DeadLettered++ })
 	nr.History = nil // the dead letter has it
 	return g.replace(p, off, old, nr)
 }
@@ -177,6 +185,7 @@ func (g *Group) ReplayStep(now int64, max int) (int, error) {
 		if err := store.Replayed(true); err != nil {
 			return n, err
 		}
+		g.count(func(t *Tally) { t.Replayed++ })
 		n++
 	}
 	return n, g.Save()

@@ -119,6 +119,7 @@ func expiryKey(t int64, p uint32, off uint64, topic, group string) []byte {
 type Group struct {
 	Name   string
 	timers *[]Timer
+	tally  TallySink
 	log    *mlog.Log
 	b      *bolt.Bucket
 	tx     *bolt.Tx
@@ -212,6 +213,28 @@ type Timer struct {
 
 // ReportTimers makes the group append the due times it creates to dst.
 func (g *Group) ReportTimers(dst *[]Timer) { g.timers = dst }
+
+// Tally counts what happened to a group's messages in the commands
+// applied while it was reported (see ReportTally); the node exposes the
+// sums as counters on /metrics.
+type Tally struct {
+	Nacked, LeasesExpired, DeadLettered, Replayed uint64
+}
+
+// TallySink hands out the Tally of a topic's group, created on first use.
+type TallySink interface {
+	Tally(topic, group string) *Tally
+}
+
+// ReportTally makes the group count the events of the commands applied to
+// it into dst's Tally for it; nil stops reporting.
+func (g *Group) ReportTally(dst TallySink) { g.tally = dst }
+
+func (g *Group) count(fn func(t *Tally)) {
+	if g.tally != nil {
+		fn(g.tally.Tally(g.log.Topic, g.Name))
+	}
+}
 
 // Save writes the counters back if they changed.
 func (g *Group) Save() error {

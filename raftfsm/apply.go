@@ -116,6 +116,7 @@ func applyExpire(tx *bolt.Tx, c *Command, ev *Events) error {
 			continue
 		}
 		g.ReportTimers(&ev.Timers)
+		g.ReportTally(ev)
 		f := group.Failure{Failure: dlq.Failure{At: c.Now, Node: c.NodeID}, Rand: randAt(c.Rands, i)}
 		if err := g.ExpireLease(x.Receipt, f); err != nil {
 			return err
@@ -163,6 +164,7 @@ func openGroup(tx *bolt.Tx, c *Command, create bool, ev *Events) (*group.Group, 
 		return nil, err
 	}
 	g.ReportTimers(&ev.Timers)
+	g.ReportTally(ev)
 	return g, nil
 }
 

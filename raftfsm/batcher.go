@@ -66,11 +66,6 @@ func newBatcher(n *Node) *batcher {
 	}
 }
 
-// Collectors returns the node's Prometheus collectors.
-func (n *Node) Collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft}, n.disk.collectors()...)
-}
-
 // ApplyBatched is Apply for commands that may share a log entry with
 // others (each is applied on its own; one's failure does not fail another).
 // It encodes c before it waits: from then on c and the buffers it refers

@@ -36,11 +36,27 @@ type Result struct {
 type Events struct {
 	Topics map[string]struct{}
 	Timers []group.Timer
+	// Tallies: what happened to messages, per topic and group.
+	Tallies map[TopicGroup]*group.Tally
 	// ConfigChanged: a topic was created, changed or deleted.
 	ConfigChanged bool
 }
 
 func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
+
+// TopicGroup names a consumer group of a topic.
+type TopicGroup struct{ Topic, Group string }
+
+// Tally is where a group's events go in this batch (group.TallySink).
+func (e *Events) Tally(topic, name string) *group.Tally {
+	k := TopicGroup{topic, name}
+	t := e.Tallies[k]
+	if t == nil {
+		t = &group.Tally{}
+		e.Tallies[k] = t
+	}
+	return t
+}
 
 // Published is the placement of one published message.
 type Published struct {
@@ -67,6 +83,12 @@ type FSM struct {
 	// Schedule, if set, is called after each batch commits with the due
 	// times the batch created.
 	Schedule func(timers []group.Timer)
+	// Tally, if set, is called after each batch commits with what happened
+	// to messages in it (nacks, expired leases, dead letters, replays),
+	// except for batches at or below TallyFrom: entries this node had
+	// already applied before it restarted and now replays.
+	Tally     func(map[TopicGroup]*group.Tally)
+	TallyFrom atomic.Uint64
 
 	mu      sync.RWMutex // guards db against Restore's swap
 	db      *bolt.DB
@@ -76,7 +98,11 @@ type FSM struct {
 	// snapBytes is its value at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
 	snapBytes atomic.Uint64
+	restores  atomic.Uint64
 }
+
+// Restores counts the snapshots this FSM restored.
+func (f *FSM) Restores() uint64 { return f.restores.Load() }
 
 // BytesSinceSnapshot is how many bytes of raft entries this node applied
 // since its latest snapshot (since start, if it took none since).
@@ -173,7 +199,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l
 // transaction, with the applied index written in it.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
-	ev := &Events{Topics: map[string]struct{}{}}
+	ev := &Events{Topics: map[string]struct{}{}, Tallies: map[TopicGroup]*group.Tally{}}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	err := f.db.Update(func(tx *bolt.Tx) error {
@@ -209,6 +235,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	if len(ev.Timers) > 0 && f.Schedule != nil {
 		f.Schedule(ev.Timers)
+	}
+	if len(ev.Tallies) > 0 && f.Tally != nil && logs[len(logs)-1].Index > f.TallyFrom.Load() {
+		f.Tally(ev.Tallies)
 	}
 	return out
 }
@@ -318,6 +347,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.db = db
+	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.snapBytes.Store(f.logBytes.Load())
 	var applied uint64

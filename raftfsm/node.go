@@ -72,6 +72,9 @@ type Node struct {
 	batch    *batcher
 	sched    *scheduler
 	serving  atomic.Bool // leader with its FSM caught up (after the term's barrier)
+	snaps    *raft.FileSnapshotStore
+	metrics  *nodeMetrics
+	observed chan raft.Observation
 }
 
 // Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
@@ -88,7 +91,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock}
+	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
 	n.batch = newBatcher(n)
 	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
@@ -97,6 +100,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
 	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
 	n.logStore, err = raftboltdb.New(raftboltdb.Options{
@@ -107,6 +111,14 @@ func Open(cfg Config) (*Node, error) {
 		fsm.Close()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
+	// Entries up to the log's end were applied before this start: replaying
+	// them must not count on /metrics again.
+	last, err := n.logStore.LastIndex()
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("raft log store: %w", err)
+	}
+	fsm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
 	logs, err := raft.NewLogCache(64, n.logStore)
@@ -119,6 +131,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
+	n.snaps = snaps
 	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
 	if err != nil {
 		n.closeStores()
@@ -146,12 +159,21 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
+	installRaftSink()
 	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.logStore, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
+	n.observed = make(chan raft.Observation, 64)
+	n.Raft.RegisterObserver(raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+			return true
+		}
+		return false
+	}))
 	return n, nil
 }
 

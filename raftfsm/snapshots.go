@@ -49,6 +49,11 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		case err != nil:
 			n.logger.Warn("snapshot failed", "err", err)
 		default:
+			n.metrics.snapshots.Inc()
+			n.metrics.snapshotTime.Observe(time.Since(start).Seconds())
+			if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
+				n.metrics.snapshotBytes.Set(float64(metas[0].Size))
+			}
 			n.logger.Info("snapshot taken", "why", why, "took", time.Since(start).Round(time.Millisecond),
 				"index", n.LastSnapshotIndex())
 		}

@@ -1,0 +1,209 @@
+package raftfsm
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	gometrics "github.com/hashicorp/go-metrics"
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/group"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// nodeMetrics are the node's Prometheus collectors: what the FSM applied
+// (per topic and group, counted only for entries this node had not applied
+// before it started), raft's own timings, snapshots and leadership.
+type nodeMetrics struct {
+	nacked, expired, deadLettered, replayed *prometheus.CounterVec
+
+	leaderChanges prometheus.Counter
+	snapshots     prometheus.Counter
+	snapshotTime  prometheus.Histogram
+	snapshotBytes prometheus.Gauge
+}
+
+func newNodeMetrics() *nodeMetrics {
+	tg := []string{"topic", "group"}
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, tg)
+	}
+	return &nodeMetrics{
+		nacked:       counter("mqd_nacked_messages_total", "Nacked deliveries (retryable or not) applied."),
+		expired:      counter("mqd_lease_expiries_total", "Leases that expired without an ack, applied."),
+		deadLettered: counter("mqd_dead_lettered_messages_total", "Messages moved to a group's dead-letter store."),
+		replayed:     counter("mqd_replayed_messages_total", "Dead letters put back into delivery by a replay."),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_leader_changes_total",
+			Help: "Times this node saw the cluster's leader change (including to none)."}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_snapshots_total",
+			Help: "Snapshots this node took."}),
+		snapshotTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_raft_snapshot_seconds",
+			Help: "Time to take a snapshot (copy the state to the snapshot store).", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		snapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mqd_raft_snapshot_bytes",
+			Help: "Size of this node's latest snapshot."}),
+	}
+}
+
+// tally adds a batch's events to the counters.
+func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
+	for k, t := range ts {
+		add := func(v *prometheus.CounterVec, n uint64) {
+			if n > 0 {
+				v.WithLabelValues(k.Topic, k.Group).Add(float64(n))
+			}
+		}
+		add(m.nacked, t.Nacked)
+		add(m.expired, t.LeasesExpired)
+		add(m.deadLettered, t.DeadLettered)
+		add(m.replayed, t.Replayed)
+	}
+}
+
+// GroupSeries makes the per-group counters of k exist at 0 (create) or
+// removes them (a deleted group).
+func (n *Node) GroupSeries(k TopicGroup, create bool) {
+	m := n.metrics
+	for _, v := range []*prometheus.CounterVec{m.nacked, m.expired, m.deadLettered, m.replayed} {
+		if create {
+			v.WithLabelValues(k.Topic, k.Group)
+		} else {
+			v.DeleteLabelValues(k.Topic, k.Group)
+		}
+	}
+}
+
+// raftStates are the values of mqd_raft_state's state label.
+var raftStates = []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown}
+
+var (
+	descRaftState   = prometheus.NewDesc("mqd_raft_state", "1 on this node's current raft state, 0 on the others.", []string{"state"}, nil)
+	descCommitIndex = prometheus.NewDesc("mqd_raft_commit_index", "Highest raft index this node knows to be committed.", nil, nil)
+	descApplied     = prometheus.NewDesc("mqd_raft_applied_index", "Last raft index applied to this node's state.", nil, nil)
+	descLastIndex   = prometheus.NewDesc("mqd_raft_last_log_index", "Last index in this node's raft log.", nil, nil)
+	descTerm        = prometheus.NewDesc("mqd_raft_term", "This node's current raft term.", nil, nil)
+	descWheel       = prometheus.NewDesc("mqd_timing_wheel_timers", "Due times in the leader's timing wheel (0 on followers).", nil, nil)
+)
+
+// nodeCollector reads raft's indexes and state at scrape time.
+type nodeCollector struct{ n *Node }
+
+func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRaftState, descCommitIndex, descApplied, descLastIndex, descTerm, descWheel} {
+		ch <- d
+	}
+}
+
+func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	cur := c.n.Raft.State()
+	for _, s := range raftStates {
+		v := 0.0
+		if s == cur {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, strings.ToLower(s.String()))
+	}
+	ch <- prometheus.MustNewConstMetric(descCommitIndex, prometheus.GaugeValue, float64(c.n.Raft.CommitIndex()))
+	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(c.n.FSM.AppliedIndex()))
+	ch <- prometheus.MustNewConstMetric(descLastIndex, prometheus.GaugeValue, float64(c.n.Raft.LastIndex()))
+	ch <- prometheus.MustNewConstMetric(descTerm, prometheus.GaugeValue, float64(c.n.Raft.CurrentTerm()))
+	wheel := 0.0
+	if c.n.sched.active.Load() {
+		wheel = float64(c.n.sched.wheel.Len())
+	}
+	ch <- prometheus.MustNewConstMetric(descWheel, prometheus.GaugeValue, wheel)
+}
+
+// Collectors returns the node's Prometheus collectors.
+func (n *Node) Collectors() []prometheus.Collector {
+	m := n.metrics
+	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
+		m.nacked, m.expired, m.deadLettered, m.replayed,
+		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_snapshot_restores_total",
+			Help: "Snapshots this node restored (at start, or sent by the leader)."},
+			func() float64 { return float64(n.FSM.Restores()) }),
+		raftTimings.commit, raftTimings.apply, nodeCollector{n}}
+	return append(cs, n.disk.collectors()...)
+}
+
+// raftTimings receives hashicorp/raft's own timings (it reports through
+// go-metrics, a process-wide sink) and keeps the two that matter:
+// commit latency on the leader and the FSM's apply time per batch.
+var raftTimings = &raftSink{
+	commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_raft_commit_seconds",
+		Help:    "Leader: time from dispatching a log entry to its commit on a majority (raft's commitTime).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+	apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_raft_apply_seconds",
+		Help:    "Time to apply one batch of committed entries to this node's state (raft's fsm.applyBatch).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+}
+
+var installSink sync.Once
+
+// installRaftSink routes go-metrics (raft's telemetry) into raftTimings,
+// once per process.
+func installRaftSink() {
+	installSink.Do(func() {
+		cfg := gometrics.DefaultConfig("")
+		cfg.EnableHostname = false
+		cfg.EnableRuntimeMetrics = false
+		_, _ = gometrics.NewGlobal(cfg, raftTimings)
+	})
+}
+
+// raftSink is a go-metrics sink that keeps raft's commit and apply timers
+// (milliseconds) and drops everything else.
+type raftSink struct {
+	gometrics.BlackholeSink
+	commit, apply prometheus.Histogram
+}
+
+func (s *raftSink) AddSample(key []string, val float32) { s.AddSampleWithLabels(key, val, nil) }
+
+func (s *raftSink) AddSampleWithLabels(key []string, val float32, _ []gometrics.Label) {
+	switch {
+	case len(key) == 2 && key[0] == "raft" && key[1] == "commitTime":
+		s.commit.Observe(float64(val) / 1000)
+	case len(key) == 3 && key[0] == "raft" && key[1] == "fsm" && (key[2] == "applyBatch" || key[2] == "apply"):
+		s.apply.Observe(float64(val) / 1000)
+	}
+}
+
+// watch follows raft's observations until ctx ends: it counts leader
+// changes and says once when a peer stops answering the leader's
+// heartbeats and once when it answers again (raft's own per-attempt lines
+// are debug, see hclogAdapter).
+func (n *Node) watch(ctx context.Context) {
+	var leader raft.ServerID
+	down := map[raft.ServerID]time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-n.observed:
+			switch d := o.Data.(type) {
+			case raft.LeaderObservation:
+				if d.LeaderID != leader {
+					leader = d.LeaderID
+					n.metrics.leaderChanges.Inc()
+				}
+				if d.LeaderID != raft.ServerID(n.cfg.ID) {
+					clear(down) // only a leader watches its peers
+				}
+			case raft.FailedHeartbeatObservation:
+				if _, ok := down[d.PeerID]; !ok {
+					down[d.PeerID] = time.Now()
+					n.logger.Warn("raft peer unreachable", "peer", string(d.PeerID),
+						"last_contact", d.LastContact.UTC().Format(time.RFC3339Nano))
+				}
+			case raft.ResumedHeartbeatObservation:
+				if since, ok := down[d.PeerID]; ok {
+					delete(down, d.PeerID)
+					n.logger.Info("raft peer reachable again", "peer", string(d.PeerID),
+						"down_for", time.Since(since).Round(time.Millisecond).String())
+				}
+			}
+		}
+	}
+}

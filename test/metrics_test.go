@@ -1,0 +1,269 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape reads a node's /metrics into metric families.
+func scrape(ctx context.Context, t testing.TB, n *tc.Node) map[string]*dto.MetricFamily {
+	t.Helper()
+	r, err := n.Do(ctx, "GET", "/metrics", nil, nil)
+	if err == nil {
+		err = r.Expect(200)
+	}
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(r.Body))
+	if err != nil {
+		t.Fatalf("/metrics is not Prometheus text: %v", err)
+	}
+	return fams
+}
+
+// sample is the value of the family's series whose labels include want.
+func metricValue(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	f := fams[name]
+	if f == nil {
+		return 0, false
+	}
+	for _, m := range f.Metric {
+		ok := true
+		for k, v := range want {
+			if !slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+// The families SPEC §7 names exist with their types, labels and values
+// that follow what was done; labels stay bounded (route patterns, never
+// paths); mqd_raft_state is 1 on one series.
+func TestMetricsFamilies(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	ctx := ctxFor(t, 60*time.Second)
+	mustTopic(t, n, "metrics-t", map[string]any{"max_retry": 0})
+	for i := range 3 {
+		mustPublish(t, n, "metrics-t", fmt.Sprintf("m%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
+	}
+	mustPublish(t, n, "metrics-t", "m0 again", map[string]string{"Idempotency-Key": "k0"})
+	msgs, _, err := n.Fetch(ctx, "metrics-t", "g1", tc.FetchRequest{Max: 2})
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("fetch: %d messages, %v", len(msgs), err)
+	}
+	if _, _, err := n.Ack(ctx, "metrics-t", "g1", []string{msgs[0].Receipt}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.Nack(ctx, "metrics-t", "g1", []string{msgs[1].Receipt}, map[string]any{"reason": "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	fams := scrape(ctx, t, n)
+
+	types := map[string]dto.MetricType{
+		"mqd_published_messages_total":     dto.MetricType_COUNTER,
+		"mqd_publish_duplicates_total":     dto.MetricType_COUNTER,
+		"mqd_group_backlog_messages":       dto.MetricType_GAUGE,
+		"mqd_group_in_flight_messages":     dto.MetricType_GAUGE,
+		"mqd_dlq_messages":                 dto.MetricType_GAUGE,
+		"mqd_raft_state":                   dto.MetricType_GAUGE,
+		"mqd_raft_commit_index":            dto.MetricType_GAUGE,
+		"mqd_raft_applied_index":           dto.MetricType_GAUGE,
+		"mqd_publish_commit_seconds":       dto.MetricType_HISTOGRAM,
+		"mqd_http_requests_total":          dto.MetricType_COUNTER,
+		"mqd_http_request_seconds":         dto.MetricType_HISTOGRAM,
+		"mqd_raft_commit_seconds":          dto.MetricType_HISTOGRAM,
+		"mqd_raft_apply_seconds":           dto.MetricType_HISTOGRAM,
+		"mqd_raft_leader_changes_total":    dto.MetricType_COUNTER,
+		"mqd_raft_snapshots_total":         dto.MetricType_COUNTER,
+		"mqd_raft_snapshot_seconds":        dto.MetricType_HISTOGRAM,
+		"mqd_raft_snapshot_bytes":          dto.MetricType_GAUGE,
+		"mqd_lease_expiries_total":         dto.MetricType_COUNTER,
+		"mqd_nacked_messages_total":        dto.MetricType_COUNTER,
+		"mqd_dead_lettered_messages_total": dto.MetricType_COUNTER,
+		"mqd_timing_wheel_timers":          dto.MetricType_GAUGE,
+		"go_goroutines":                    dto.MetricType_GAUGE,
+		"process_resident_memory_bytes":    dto.MetricType_GAUGE,
+	}
+	for name, typ := range types {
+		f := fams[name]
+		if f == nil {
+			t.Errorf("/metrics lacks %s", name)
+			continue
+		}
+		if f.GetType() != typ {
+			t.Errorf("%s is a %v, want %v", name, f.GetType(), typ)
+		}
+	}
+	tg := map[string]string{"topic": "metrics-t", "group": "g1"}
+	for _, want := range []struct {
+		name   string
+		labels map[string]string
+		v      float64
+	}{
+		{"mqd_published_messages_total", map[string]string{"topic": "metrics-t"}, 3},
+		{"mqd_publish_duplicates_total", map[string]string{"topic": "metrics-t"}, 1},
+		{"mqd_group_backlog_messages", tg, 1},
+		{"mqd_group_in_flight_messages", tg, 0},
+		{"mqd_dlq_messages", tg, 1},
+		{"mqd_nacked_messages_total", tg, 1},
+		{"mqd_dead_lettered_messages_total", tg, 1},
+		{"mqd_group_acked_messages_total", tg, 1},
+		{"mqd_raft_state", map[string]string{"state": "leader"}, 1},
+		{"mqd_publish_commit_seconds", nil, 3},
+		{"mqd_http_requests_total", map[string]string{"route": "/v1/topics/{topic}/messages", "code": "201"}, 3},
+		{"mqd_http_requests_total", map[string]string{"route": "/v1/topics/{topic}/messages", "code": "200"}, 1},
+		{"mqd_http_request_seconds", map[string]string{"route": "/v1/topics/{topic}/groups/{group}/fetch"}, 1},
+	} {
+		got, ok := metricValue(fams, want.name, want.labels)
+		if !ok || got != want.v {
+			t.Errorf("%s%v = %v (present %v), want %v", want.name, want.labels, got, ok, want.v)
+		}
+	}
+	var ones int
+	for _, m := range fams["mqd_raft_state"].GetMetric() {
+		ones += int(m.GetGauge().GetValue())
+	}
+	if ones != 1 {
+		t.Errorf("mqd_raft_state has %d series at 1, want exactly one", ones)
+	}
+	// A restart replays the log into the state: what was counted before
+	// must not be counted again (the counters restart from 0, the gauges
+	// keep the state's figures).
+	n.Kill()
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := scrape(ctx, t, n)
+	if v, _ := metricValue(after, "mqd_nacked_messages_total", tg); v != 0 {
+		t.Errorf("after a restart mqd_nacked_messages_total = %v, want 0 (the replayed log was counted again)", v)
+	}
+	if v, _ := metricValue(after, "mqd_dlq_messages", tg); v != 1 {
+		t.Errorf("after a restart mqd_dlq_messages = %v, want 1", v)
+	}
+	for _, name := range []string{"mqd_http_requests_total", "mqd_http_request_seconds"} {
+		for _, m := range fams[name].GetMetric() {
+			for _, l := range m.Label {
+				if l.GetName() == "route" && strings.Contains(l.GetValue(), "metrics-t") {
+					t.Errorf("%s has a path, not a route pattern, as its route label: %q", name, l.GetValue())
+				}
+			}
+		}
+	}
+}
+
+// promIdent finds the metric names in a PromQL expression: every family
+// mqd exposes starts with mqd_, go_ or process_, and no label name does.
+var promIdent = regexp.MustCompile(`\b(?:mqd|go|process)_[A-Za-z0-9_:]*`)
+
+// dashboardExprs returns every PromQL expression in the Grafana dashboard.
+func dashboardExprs(t *testing.T) []string {
+	t.Helper()
+	root, err := tc.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "docs", "grafana-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type panel struct {
+		Title   string
+		Targets []struct{ Expr string }
+		Panels  []json.RawMessage
+	}
+	var d struct {
+		Title  string
+		Panels []panel
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("grafana-dashboard.json: %v", err)
+	}
+	var out []string
+	for _, p := range d.Panels {
+		if p.Title == "" {
+			t.Errorf("a dashboard panel has no title")
+		}
+		for _, tg := range p.Targets {
+			out = append(out, tg.Expr)
+		}
+	}
+	return out
+}
+
+// Every PromQL expression of docs/grafana-dashboard.json references only
+// metric families a real node exposes on /metrics (histogram series by
+// their _bucket/_sum/_count names), and references at least one.
+func TestGrafanaDashboardMetricsExist(t *testing.T) {
+	t.Parallel()
+	exprs := dashboardExprs(t)
+	if len(exprs) < 10 {
+		t.Fatalf("the dashboard has %d expressions; expected a full dashboard", len(exprs))
+	}
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	ctx := ctxFor(t, 30*time.Second)
+	// Per-group families appear once a group exists.
+	mustTopic(t, n, "dash", nil)
+	mustPublish(t, n, "dash", "x", nil)
+	if _, _, err := n.Fetch(ctx, "dash", "g", tc.FetchRequest{Max: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fams := scrape(ctx, t, n)
+	exists := func(name string) bool {
+		if fams[name] != nil {
+			return true
+		}
+		for _, suf := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suf); ok {
+				if f := fams[base]; f != nil && (f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	quoted := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	for _, e := range exprs {
+		names := promIdent.FindAllString(quoted.ReplaceAllString(e, `""`), -1)
+		if len(names) == 0 {
+			t.Errorf("expression references no metric: %s", e)
+		}
+		for _, name := range names {
+			if !exists(name) {
+				t.Errorf("dashboard references %s, which /metrics does not expose: %s", name, e)
+			}
+		}
+	}
+}
