@@ -13,8 +13,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	bolt "go.etcd.io/bbolt"
 )
 
 // Config configures a node.
@@ -29,7 +27,10 @@ type Config struct {
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
 	MinFreeDisk       MinFree // zero: the default (5 %, at most 1 GiB)
-	Logger            *slog.Logger
+	// RaftLog is the raft log store for a new data dir: LogStoreWAL
+	// (default) or LogStoreBolt. An existing data dir keeps its own.
+	RaftLog string
+	Logger  *slog.Logger
 }
 
 // Validate checks the configuration and fills defaults.
@@ -55,6 +56,13 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	switch c.RaftLog {
+	case "":
+		c.RaftLog = LogStoreWAL
+	case LogStoreWAL, LogStoreBolt:
+	default:
+		return fmt.Errorf("raft log store %q: want %s or %s", c.RaftLog, LogStoreWAL, LogStoreBolt)
+	}
 	return nil
 }
 
@@ -64,7 +72,7 @@ type Node struct {
 	Raft     *raft.Raft
 	FSM      *FSM
 	trans    *raft.NetworkTransport
-	logStore *raftboltdb.BoltStore
+	stores   *raftStores
 	dirLock  *dirLock // held from Open to Shutdown
 	disk     *diskGuard
 	hadState bool
@@ -77,8 +85,8 @@ type Node struct {
 	observed chan raft.Observation
 }
 
-// Open starts a node: raft log and stable store in raft.db (bbolt, fsync on
-// every append), file snapshots, TCP transport, and an FSM rebuilt from the
+// Open starts a node: raft log on raft-wal (or raft-boltdb), stable store
+// in raft.db, file snapshots, TCP transport, and an FSM rebuilt from the
 // latest snapshot and the log.
 func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
@@ -103,17 +111,14 @@ func Open(cfg Config) (*Node, error) {
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
 	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
-	n.logStore, err = raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: &bolt.Options{Timeout: 5 * time.Second, FreelistType: bolt.FreelistMapType, NoFreelistSync: true},
-	})
+	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
 	if err != nil {
 		fsm.Close()
-		return nil, fmt.Errorf("raft log store: %w", err)
+		return nil, err
 	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again.
-	last, err := n.logStore.LastIndex()
+	last, err := n.stores.log.LastIndex()
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
@@ -121,7 +126,7 @@ func Open(cfg Config) (*Node, error) {
 	fsm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
-	logs, err := raft.NewLogCache(64, n.logStore)
+	logs, err := raft.NewLogCache(64, n.stores.log)
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -153,14 +158,14 @@ func Open(cfg Config) (*Node, error) {
 	rc.HeartbeatTimeout = 1500 * time.Millisecond
 	rc.ElectionTimeout = 1500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
-	n.hadState, err = raft.HasExistingState(logs, n.logStore, snaps)
+	n.hadState, err = raft.HasExistingState(logs, n.stores.stable, snaps)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
 		return nil, err
 	}
 	installRaftSink()
-	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.logStore, snaps, n.trans)
+	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.stores.stable, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -178,8 +183,8 @@ func Open(cfg Config) (*Node, error) {
 }
 
 func (n *Node) closeStores() {
-	if n.logStore != nil {
-		n.logStore.Close()
+	if n.stores != nil {
+		n.stores.Close()
 	}
 	n.FSM.Close()
 	n.dirLock.release()
@@ -307,7 +312,7 @@ func (n *Node) caughtUp() bool {
 	}
 	var l raft.Log
 	for i := fsm + 1; i <= commit; i++ {
-		if err := n.logStore.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+		if err := n.stores.log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
 			return false
 		}
 	}

@@ -14,10 +14,20 @@ import (
 
 // With frequent snapshots and short trailing logs, a follower whose data dir
 // is wiped rejoins, catches up (from a snapshot, since the leader's log no
-// longer starts at 1) and then serves every message.
+// longer starts at 1) and then serves every message. Once per raft log
+// store, so that both stay tested.
 func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3, tc.WithSnapshot(100, time.Second, 50))
+	for _, store := range []string{"wal", "bolt"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			testSnapshotWipedFollowerCatchesUp(t, store)
+		})
+	}
+}
+
+func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
+	c := tc.Start(t, 3, tc.WithSnapshot(100, time.Second, 50), tc.WithFlags("--raft-log", store))
 	leader, fs := mustRoles(t, c)
 	ctx := ctxFor(t, 150*time.Second)
 	const topic = "snap"

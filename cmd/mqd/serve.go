@@ -35,16 +35,17 @@ const (
 	flagAuthFile          = "auth-file"
 	flagNodeToken         = "node-token"
 	flagInsecure          = "insecure"
+	flagRaftLog           = "raft-log"
 )
 
 type options struct {
-	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel string
-	authFile, nodeToken                                            string
-	insecure                                                       bool
-	bootstrapExpect                                                int
-	snapshotThreshold, trailingLogs                                uint64
-	snapshotInterval                                               time.Duration
-	minFreeDisk                                                    raftfsm.MinFree
+	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel, raftLog string
+	authFile, nodeToken                                                     string
+	insecure                                                                bool
+	bootstrapExpect                                                         int
+	snapshotThreshold, trailingLogs                                         uint64
+	snapshotInterval                                                        time.Duration
+	minFreeDisk                                                             raftfsm.MinFree
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -60,6 +61,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots (at least; a state over 64 MiB also waits for log bytes worth half of it)")
 	fs.DurationVar(&o.snapshotInterval, flagSnapshotInterval, 30*time.Second, "how often to check whether to snapshot")
 	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot")
+	fs.StringVar(&o.raftLog, flagRaftLog, raftfsm.LogStoreWAL, "raft log store of a new data dir: wal (raft-wal segments) or bolt (raft-boltdb); an existing data dir keeps its own")
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
@@ -87,6 +89,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.raftLog != raftfsm.LogStoreWAL && o.raftLog != raftfsm.LogStoreBolt {
+		return nil, fmt.Errorf("--%s: %q is neither %s nor %s", flagRaftLog, o.raftLog, raftfsm.LogStoreWAL, raftfsm.LogStoreBolt)
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
@@ -137,7 +142,7 @@ func run(o *options) error {
 		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
 		NodeToken:         o.nodeToken,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
-		MinFreeDisk: o.minFreeDisk, Logger: logger,
+		MinFreeDisk: o.minFreeDisk, RaftLog: o.raftLog, Logger: logger,
 	})
 	if err != nil {
 		ln.Close()

@@ -1,0 +1,124 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Raft log stores (--raft-log).
+const (
+	// LogStoreWAL keeps the raft log in hashicorp/raft-wal's append-only
+	// segment files under <data-dir>/wal: one fsync per append, no B+tree
+	// rewrites, and truncation deletes whole segments.
+	LogStoreWAL = "wal"
+	// LogStoreBolt keeps the raft log in raft.db (raft-boltdb), next to
+	// the stable store.
+	LogStoreBolt = "bolt"
+)
+
+const (
+	raftDBFile = "raft.db" // raft-boltdb: always the stable store; the log too with LogStoreBolt
+	walDir     = "wal"     // raft-wal's segments and its wal-meta.db
+	// walSegmentSize is raft-wal's default, 64 MiB. An entry holds at most
+	// one group-commit batch (a few MiB), so a segment holds many, and
+	// truncation after a snapshot frees 64 MiB at a time.
+	walSegmentSize = 64 << 20
+)
+
+// detectLogStore returns the log store a data dir was created with: a wal
+// directory means raft-wal; raft.db alone means raft-boltdb held the log
+// (mqd before raft-wal, or --raft-log bolt); neither means a new data dir,
+// which takes the configured store.
+func detectLogStore(dir string) (string, bool, error) {
+	if _, err := os.Stat(filepath.Join(dir, walDir)); err == nil {
+		return LogStoreWAL, true, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", false, fmt.Errorf("data dir: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, raftDBFile)); err == nil {
+		return LogStoreBolt, true, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", false, fmt.Errorf("data dir: %w", err)
+	}
+	return "", false, nil
+}
+
+// raftStores are the log and stable stores of one node.
+type raftStores struct {
+	kind    string
+	log     raft.LogStore
+	stable  *raftboltdb.BoltStore
+	closers []io.Closer // the WAL and its meta store, if the log is on raft-wal
+}
+
+// openRaftStores opens the stores in dir. The wal directory is created
+// before raft.db, so a crash between the two leaves a data dir that is
+// still recognised as a WAL one.
+func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*raftStores, error) {
+	kind, existing, err := detectLogStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !existing:
+		kind = want
+	case kind != want:
+		logger.Warn("data dir keeps the raft log store it was created with", "raft_log", kind, "requested", want)
+	default:
+		logger.Info("raft log store", "raft_log", kind)
+	}
+	s := &raftStores{kind: kind}
+	if kind == LogStoreWAL {
+		wdir := filepath.Join(dir, walDir)
+		if err := os.MkdirAll(wdir, 0o700); err != nil {
+			return nil, fmt.Errorf("raft wal dir: %w", err)
+		}
+		// raft-wal's Close leaves its meta store (a bbolt file, locked)
+		// open, so a WAL reopened in the same process would wait for the
+		// lock forever: the node owns the meta store and closes it itself.
+		meta := &metadb.BoltMetaDB{}
+		w, err := wal.Open(wdir, wal.WithSegmentSize(walSegmentSize), wal.WithLogger(hlog.Named("wal")),
+			wal.WithMetaStore(meta))
+		if err != nil {
+			_ = meta.Close()
+			return nil, fmt.Errorf("raft wal: %w", err)
+		}
+		s.log, s.closers = w, []io.Closer{w, meta}
+	}
+	s.stable, err = raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(dir, raftDBFile),
+		BoltOptions: &bolt.Options{Timeout: 5 * time.Second, FreelistType: bolt.FreelistMapType, NoFreelistSync: true},
+	})
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("raft stable store: %w", err)
+	}
+	if s.log == nil {
+		s.log = s.stable
+	}
+	return s, nil
+}
+
+// Close closes the stores.
+func (s *raftStores) Close() {
+	for _, c := range s.closers {
+		if err := c.Close(); err != nil {
+			slog.Warn("close raft wal", "err", err)
+		}
+	}
+	if s.stable != nil {
+		_ = s.stable.Close()
+	}
+}
