@@ -14,6 +14,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/valyala/fasthttp v1.78.0
 	go.etcd.io/bbolt v1.5.0
+	go.yaml.in/yaml/v3 v3.0.6
 )
 
 require (

@@ -57,8 +57,9 @@ func (p Perm) String() string {
 type Route struct {
 	Method string
 	// Pattern is the path: literal segments, {topic}, {group} and {id}
-	// parameters (a literal wins over a parameter at the same place), or a
-	// final "*" matching the rest of the path, possibly empty.
+	// parameters (a literal wins over a parameter at the same place), and
+	// last perhaps a {name...} that takes the rest of the path, possibly
+	// empty or with slashes.
 	Pattern string
 	Leader  bool // runs on the leader: forwarded there by a follower
 	Perm    Perm
@@ -73,6 +74,7 @@ type route struct {
 	topic, group string
 	dlqID        string
 	id           *auth.Identity  // the caller's token; nil when auth is off
+	rest         string          // {name...}: the rest of the path
 	ctx          context.Context // the request's deadline, for leader routes
 }
 
@@ -94,8 +96,9 @@ func (s *Server) routes() []Route {
 		rt("GET", "/v1/cluster", false, PermMonitor, s.cluster),
 		rt("GET", "/v1/internal/status", false, PermCluster, s.status),
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
-		rt("GET", "/debug/pprof/*", false, PermMonitor, pprof),
-		rt("POST", "/debug/pprof/*", false, PermMonitor, pprof),
+		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),
+		rt("GET", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
+		rt("POST", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 
 		rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics),
 		rt("PUT", topic, true, PermAdmin, s.putTopic),
@@ -124,7 +127,7 @@ type node struct {
 	lits   []litChild // literal segments, tried before param
 	param  *node      // a {name} segment
 	pname  string
-	star   *node    // "*": the rest of the path
+	star   *node    // {name...}: the rest of the path
 	routes []*Route // by method
 }
 
@@ -162,7 +165,7 @@ func newRouter(table []Route) (*router, error) {
 
 func (n *node) child(seg string) *node {
 	switch {
-	case seg == "*":
+	case strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "...}"):
 		if n.star == nil {
 			n.star = &node{}
 		}
@@ -194,7 +197,7 @@ func (rt *router) match(method []byte, path string, r *route) error {
 	rest, ok := strings.CutPrefix(path, "/")
 	for ok {
 		if n.star != nil {
-			n = n.star
+			n, r.rest = n.star, rest
 			break
 		}
 		var seg string

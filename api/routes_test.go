@@ -40,8 +40,8 @@ func TestRouterMatch(t *testing.T) {
 		// A topic may be named like a literal segment.
 		{method: "GET", path: "/v1/topics/groups", pattern: "/v1/topics/{topic}", topic: "groups"},
 		{method: "POST", path: "/v1/topics/messages/messages", pattern: "/v1/topics/{topic}/messages", topic: "messages"},
-		{method: "GET", path: "/debug/pprof/", pattern: "/debug/pprof/*"},
-		{method: "GET", path: "/debug/pprof/heap", pattern: "/debug/pprof/*"},
+		{method: "GET", path: "/debug/pprof/", pattern: "/debug/pprof/{profile...}"},
+		{method: "GET", path: "/debug/pprof/heap", pattern: "/debug/pprof/{profile...}"},
 		// A literal wins over a parameter: replay is not a dead letter id.
 		{method: "DELETE", path: "/v1/topics/t/groups/g/dlq/replay", err: ErrMethod},
 		{method: "PATCH", path: "/v1/topics/t", err: ErrMethod},
