@@ -48,6 +48,7 @@ var catalogue = []struct {
 	{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
 	{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
 	{dlq.ErrNotFound, apiError{404, "dead_letter_not_found"}},
+	{raftfsm.ErrNodeNotFound, apiError{404, "node_not_found"}},
 	{ErrNotFound, apiError{404, "not_found"}},
 	{ErrMethod, apiError{405, "method_not_allowed"}},
 	{mlog.ErrInvalidName, apiError{400, "invalid_name"}},

@@ -16,15 +16,16 @@ import (
 // route of its kind answers (see expectedStatuses). Keep it in step with
 // the handlers: it is the reviewer's check on openapi.yaml.
 var routeStatuses = map[string][]int{
-	"GET /healthz":                {200},
-	"GET /readyz":                 {200, 503},
-	"GET /metrics":                {200},
-	"GET /v1/cluster":             {200},
-	"GET /v1/internal/status":     {200},
-	"POST /v1/internal/join":      {200},
-	"GET /v1/openapi.yaml":        {200},
-	"GET /debug/pprof/{profile}":  {200},
-	"POST /debug/pprof/{profile}": {200},
+	"GET /healthz":                  {200},
+	"GET /readyz":                   {200, 503},
+	"GET /metrics":                  {200},
+	"GET /v1/cluster":               {200},
+	"GET /v1/internal/status":       {200},
+	"POST /v1/internal/join":        {200},
+	"DELETE /v1/cluster/nodes/{id}": {200, 404},
+	"GET /v1/openapi.yaml":          {200},
+	"GET /debug/pprof/{profile}":    {200},
+	"POST /debug/pprof/{profile}":   {200},
 
 	"GET /v1/topics":                         {200},
 	"PUT /v1/topics/{topic}":                 {200, 201, 409, 507}, // partitions_shrink, insufficient_storage on create

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -22,10 +23,18 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
 
 type clusterNode struct {
 	raftfsm.NodeInfo
-	State string `json:"state"`
-	Voter bool   `json:"voter"`
+	State         string `json:"state"`
+	Voter         bool   `json:"voter"`
+	LastContactMs int64  `json:"last_contact_ms"`
+	AppliedIndex  uint64 `json:"applied_index"`
+	CommitIndex   uint64 `json:"commit_index"`
 }
 
+// cluster answers GET /v1/cluster: every member as this node sees it. The
+// node itself reports its raft state and, as a follower, the time since it
+// last heard from the leader; every other member is probed over HTTP
+// (raftfsm/peers.go) and reports its own state, or is unreachable. A
+// leader this node cannot reach is not named.
 func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	servers, err := s.node.Servers()
 	if err != nil {
@@ -33,6 +42,9 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	}
 	infos := s.node.FSM.Nodes()
 	lid, _, known := s.node.Leader()
+	if known && lid != s.node.ID() && s.node.Peer(lid).State == "unreachable" {
+		known = false
+	}
 	out := struct {
 		Leader            *raftfsm.NodeInfo `json:"leader"`
 		Nodes             []clusterNode     `json:"nodes"`
@@ -45,20 +57,25 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
 		info.ID, info.RaftAddr = string(sv.ID), string(sv.Address)
+		cn := clusterNode{Voter: sv.Suffrage == raft.Voter}
 		if info.ID == s.node.ID() {
-			info = s.node.Info()
-		}
-		cn := clusterNode{NodeInfo: info, State: "follower", Voter: sv.Suffrage == 0}
-		if !known {
-			cn.State = "unknown"
+			cn.NodeInfo, cn.State = s.node.Info(), s.node.StateName()
+			cn.LastContactMs = s.node.LastContact().Milliseconds()
+			cn.AppliedIndex, cn.CommitIndex = out.AppliedIndex, out.CommitIndex
+		} else {
+			p := s.node.Peer(info.ID)
+			cn.NodeInfo, cn.State, cn.LastContactMs = info, p.State, p.LastContactMs
+			cn.AppliedIndex, cn.CommitIndex = p.AppliedIndex, p.CommitIndex
+			if !p.Probed { // not asked yet (just started): raft's view
+				cn.State = "follower"
+				if known && info.ID == lid {
+					cn.State = "leader"
+				}
+			}
 		}
 		if known && info.ID == lid {
-			cn.State = "leader"
-			l := info
+			l := cn.NodeInfo
 			out.Leader = &l
-		}
-		if info.ID == s.node.ID() {
-			cn.State = stateName(s.node.Raft.State().String())
 		}
 		out.Nodes = append(out.Nodes, cn)
 	}
@@ -66,16 +83,14 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	return nil
 }
 
-func stateName(s string) string {
-	switch s {
-	case "Leader":
-		return "leader"
-	case "Follower":
-		return "follower"
-	case "Candidate":
-		return "candidate"
+// removeNode answers DELETE /v1/cluster/nodes/{id} on the leader.
+func (s *Server) removeNode(ctx *fasthttp.RequestCtx, r *route) error {
+	id := r.dlqID // the path's {id}
+	if err := s.node.RemoveNode(r.ctx, id); err != nil {
+		return err
 	}
-	return "unknown"
+	writeJSON(ctx, 200, map[string]any{"removed": id})
+	return nil
 }
 
 func (s *Server) status(ctx *fasthttp.RequestCtx, _ *route) error {

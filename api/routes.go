@@ -72,7 +72,7 @@ type Route struct {
 type route struct {
 	def          *Route
 	topic, group string
-	dlqID        string
+	dlqID        string          // the path's {id}: a dead letter's, or a node's
 	id           *auth.Identity  // the caller's token; nil when auth is off
 	rest         string          // {name...}: the rest of the path
 	ctx          context.Context // the request's deadline, for leader routes
@@ -96,6 +96,7 @@ func (s *Server) routes() []Route {
 		rt("GET", "/v1/cluster", false, PermMonitor, s.cluster),
 		rt("GET", "/v1/internal/status", false, PermCluster, s.status),
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
+		rt("DELETE", "/v1/cluster/nodes/{id}", true, PermCluster, s.removeNode),
 		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),
 		rt("GET", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 		rt("POST", "/debug/pprof/{profile...}", false, PermMonitor, pprof),

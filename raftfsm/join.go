@@ -14,15 +14,22 @@ import (
 // (GET /v1/internal/status).
 type Status struct {
 	NodeInfo
-	Bootstrapped bool `json:"bootstrapped"`
-	LeaderKnown  bool `json:"leader_known"`
+	Bootstrapped  bool   `json:"bootstrapped"`
+	LeaderKnown   bool   `json:"leader_known"`
+	State         string `json:"state"`
+	AppliedIndex  uint64 `json:"applied_index"`
+	CommitIndex   uint64 `json:"commit_index"`
+	LastContactMs int64  `json:"last_contact_ms"` // with the leader; 0 on the leader, -1 never
+	NowMs         int64  `json:"now_ms"`          // this node's wall clock (unix ms), for offset measurement
 }
 
 // Status reports this node's membership state.
 func (n *Node) Status() Status {
 	servers, _ := n.Servers()
 	_, _, known := n.Leader()
-	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known}
+	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
+		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContact().Milliseconds(),
+		NowMs: n.clock.now().UnixMilli()}
 }
 
 // Form brings the node into a cluster and returns when its address is

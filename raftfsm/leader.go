@@ -40,6 +40,7 @@ func (n *Node) Run(ctx context.Context) {
 	go n.batch.run(ctx)
 	go n.snapshotLoop(ctx)
 	go n.watch(ctx)
+	go n.probeLoop(ctx)
 	ch := n.Raft.LeaderCh()
 	for {
 		select {

@@ -75,6 +75,8 @@ type Node struct {
 	stores   *raftStores
 	dirLock  *dirLock // held from Open to Shutdown
 	disk     *diskGuard
+	clock    *clock
+	peers    peers
 	hadState bool
 	logger   *slog.Logger
 	batch    *batcher
@@ -101,6 +103,10 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
+	if n.clock, err = newClock(); err != nil {
+		lock.release()
+		return nil, err
+	}
 	n.batch = newBatcher(n)
 	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
 	if err != nil {

@@ -30,6 +30,11 @@ type NodeInfo struct {
 	RaftAddr string `json:"raft_addr"`
 	State    string `json:"state"`
 	Voter    bool   `json:"voter"`
+	// LastContactMs: for the answering node itself, the time since it heard
+	// from the leader (0 on the leader); for others, since it heard from them.
+	LastContactMs int64  `json:"last_contact_ms"`
+	AppliedIndex  uint64 `json:"applied_index"`
+	CommitIndex   uint64 `json:"commit_index"`
 }
 
 // PublishResult is the answer of a publish.

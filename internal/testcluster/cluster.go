@@ -71,6 +71,8 @@ type Cluster struct {
 	tb     testing.TB
 	nodes  []*Node
 	client *Client
+	root   string
+	cfg    config
 }
 
 // Start runs n nodes (ids n1..nN) on free loopback ports with data under
@@ -85,7 +87,7 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	}
 	Binary(tb) // build before taking ports or the clock
 	root := tb.TempDir()
-	c := &Cluster{tb: tb, client: cfg.client}
+	c := &Cluster{tb: tb, client: cfg.client, root: root, cfg: cfg}
 	var httpAddrs []string
 	for i := range n {
 		h, err := freeAddr()
@@ -129,6 +131,42 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		tb.Fatalf("testcluster: %d-node cluster not ready within %v: %v", n, cfg.readyTimeout, err)
 	}
 	return c
+}
+
+// AddNode starts a new node with id, an empty data dir and free ports,
+// joining the running cluster through every other node's HTTP address
+// (--join, no --bootstrap-expect), with the cluster's flags. It does not
+// wait: use WaitReady.
+func (c *Cluster) AddNode(id string) *Node {
+	c.tb.Helper()
+	if c.NodeByID(id) != nil {
+		c.tb.Fatalf("testcluster: node %s exists", id)
+	}
+	h, err := freeAddr()
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	r, err := freeAddr()
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	nd := &Node{tb: c.tb, client: c.client, id: id, httpAddr: h, raftAddr: r,
+		dataDir: filepath.Join(c.root, id), logPath: filepath.Join(c.root, id+".log"),
+		env: c.cfg.env, scheme: c.cfg.scheme}
+	var join []string
+	for _, o := range c.nodes {
+		join = append(join, o.httpAddr)
+	}
+	nd.args = []string{"--id", id, "--data-dir", nd.dataDir, "--http-addr", h, "--raft-addr", r, "--join", strings.Join(join, ",")}
+	nd.args = append(nd.args, c.cfg.flags...)
+	for _, fn := range c.cfg.nodeArgs {
+		nd.args = append(nd.args, fn(nd)...)
+	}
+	c.nodes = append(c.nodes, nd)
+	if err := nd.start(); err != nil {
+		c.tb.Fatal(err)
+	}
+	return nd
 }
 
 // Nodes are all nodes, running or not, in id order.

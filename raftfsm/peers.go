@@ -1,0 +1,205 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Every node asks each other member for its /v1/internal/status every
+// probeEvery. The answers say whether the member is reachable (over HTTP,
+// the path clients and forwarding use), what state it is in by its own
+// account, its raft indexes, and its wall clock, from which this node
+// measures the clock offset (clock.go).
+const (
+	probeEvery   = 500 * time.Millisecond
+	probeTimeout = time.Second
+	// A member with no answer for this long, or whose latest probe failed,
+	// is unreachable.
+	probeStale = 3 * probeEvery
+)
+
+// ErrNodeNotFound answers a request about a node the cluster does not have.
+var ErrNodeNotFound = errors.New("node not found")
+
+// peerView is what this node last learned about another member.
+type peerView struct {
+	status   Status    // the member's latest answer
+	lastOK   time.Time // when it answered (local monotonic time)
+	failed   bool      // the latest probe failed
+	offsetMs int64     // this node's clock minus the member's, measured at lastOK
+	rttMs    int64
+}
+
+type peers struct {
+	mu    sync.Mutex
+	views map[string]*peerView
+}
+
+// PeerState is one member as this node sees it.
+type PeerState struct {
+	State         string // leader, follower, candidate, unreachable (or unknown before the first probe)
+	LastContactMs int64  // ms since this node last heard from it; -1: never
+	AppliedIndex  uint64
+	CommitIndex   uint64
+	ClockOffsetMs int64 // this node's clock minus the member's
+	Reachable     bool
+	Probed        bool
+}
+
+// probeLoop probes every other member until ctx ends.
+func (n *Node) probeLoop(ctx context.Context) {
+	client := &http.Client{Timeout: probeTimeout}
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		n.probeAll(ctx, client)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (n *Node) probeAll(ctx context.Context, client *http.Client) {
+	servers, err := n.Servers()
+	if err != nil {
+		return
+	}
+	infos := n.FSM.Nodes()
+	var wg sync.WaitGroup
+	keep := map[string]bool{}
+	for _, s := range servers {
+		id := string(s.ID)
+		keep[id] = true
+		addr := infos[id].HTTPAddr
+		if id == n.cfg.ID || addr == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.probe(ctx, client, id, addr)
+		}()
+	}
+	wg.Wait()
+	n.peers.mu.Lock()
+	for id := range n.peers.views {
+		if !keep[id] {
+			delete(n.peers.views, id)
+		}
+	}
+	n.peers.mu.Unlock()
+}
+
+func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) {
+	sent := time.Now()
+	st, err := n.getStatus(ctx, client, addr)
+	recv := time.Now()
+	if err == nil && st.ID != id {
+		err = fmt.Errorf("%s answers as %q", addr, st.ID)
+	}
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	if n.peers.views == nil {
+		n.peers.views = map[string]*peerView{}
+	}
+	v := n.peers.views[id]
+	if v == nil {
+		v = &peerView{}
+		n.peers.views[id] = v
+	}
+	if err != nil {
+		v.failed = true
+		return
+	}
+	// The member read its clock somewhere between sent and recv: assume
+	// the middle. The error is at most half the round trip.
+	mid := n.clock.at(sent).Add(recv.Sub(sent) / 2)
+	*v = peerView{status: st, lastOK: recv, offsetMs: mid.UnixMilli() - st.NowMs, rttMs: recv.Sub(sent).Milliseconds()}
+	n.clock.observe(id, v.offsetMs)
+}
+
+// Peer is how this node sees member id (not itself).
+func (n *Node) Peer(id string) PeerState {
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	v := n.peers.views[id]
+	if v == nil || v.lastOK.IsZero() {
+		ps := PeerState{LastContactMs: -1, State: "unknown", Probed: v != nil}
+		if ps.Probed {
+			ps.State = "unreachable"
+		}
+		return ps
+	}
+	age := time.Since(v.lastOK)
+	ps := PeerState{State: v.status.State, LastContactMs: age.Milliseconds(), AppliedIndex: v.status.AppliedIndex,
+		CommitIndex: v.status.CommitIndex, ClockOffsetMs: v.offsetMs, Reachable: !v.failed && age < probeStale, Probed: true}
+	if !ps.Reachable {
+		ps.State = "unreachable"
+	}
+	return ps
+}
+
+// LastContact is, on a follower, the time since it last heard from the
+// leader; 0 on the leader.
+func (n *Node) LastContact() time.Duration {
+	if n.IsLeader() {
+		return 0
+	}
+	lc := n.Raft.LastContact()
+	if lc.IsZero() {
+		return -1
+	}
+	return time.Since(lc)
+}
+
+// StateName is this node's raft state: leader, follower, candidate or
+// shutdown.
+func (n *Node) StateName() string {
+	switch n.Raft.State() {
+	case raft.Leader:
+		return "leader"
+	case raft.Follower:
+		return "follower"
+	case raft.Candidate:
+		return "candidate"
+	}
+	return "shutdown"
+}
+
+// RemoveNode takes member id out of the cluster (on the leader).
+func (n *Node) RemoveNode(ctx context.Context, id string) error {
+	if !n.IsLeader() {
+		return ErrNotLeader
+	}
+	servers, err := n.Servers()
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, s := range servers {
+		found = found || string(s.ID) == id
+	}
+	if !found {
+		return fmt.Errorf("%w: %q is not a member", ErrNodeNotFound, id)
+	}
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if err := n.Raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) { // not accepted: nothing changed
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return fmt.Errorf("%w: remove %s: %w", ErrNoQuorum, id, err)
+	}
+	n.logger.Info("removed node from the cluster", "id", id)
+	return nil
+}

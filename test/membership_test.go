@@ -1,0 +1,168 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// describe renders a /v1/cluster answer's nodes for failure messages.
+func describe(ci tc.ClusterInfo) string {
+	var parts []string
+	for _, n := range ci.Nodes {
+		parts = append(parts, fmt.Sprintf("%s=%s(voter %v, contact %dms, commit %d)", n.ID, n.State, n.Voter, n.LastContactMs, n.CommitIndex))
+	}
+	return fmt.Sprintf("leader %q: %s", ci.LeaderID(), strings.Join(parts, " "))
+}
+
+// waitView polls n's /v1/cluster until ok accepts it.
+func waitView(ctx context.Context, n *tc.Node, what string, ok func(tc.ClusterInfo) bool) (tc.ClusterInfo, error) {
+	var last tc.ClusterInfo
+	var lastErr error
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ci, err := n.Cluster(rctx)
+		cancel()
+		if err == nil && ok(ci) {
+			return ci, nil
+		}
+		last, lastErr = ci, err
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("%s: /v1/cluster of %s never showed %s: last %s (%v)", ctx.Err(), n, what, describe(last), lastErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// healthy: want voters, exactly one leader, the others followers,
+// everyone heard from recently.
+func healthy(want map[string]bool) func(tc.ClusterInfo) bool {
+	return func(ci tc.ClusterInfo) bool {
+		leaders := 0
+		if len(ci.Nodes) != len(want) || ci.Leader == nil {
+			return false
+		}
+		for _, n := range ci.Nodes {
+			if !want[n.ID] || !n.Voter || n.LastContactMs < 0 || n.LastContactMs > 3000 || n.CommitIndex == 0 {
+				return false
+			}
+			switch n.State {
+			case "leader":
+				leaders++
+			case "follower":
+			default:
+				return false
+			}
+		}
+		return leaders == 1
+	}
+}
+
+// /v1/cluster reports each node's real state; a killed leader is soon
+// shown unreachable and no longer named leader; DELETE
+// /v1/cluster/nodes/{id} (through a follower) removes it; a fresh node
+// with a new id and an empty dir joins, and the cluster has three healthy
+// voters again that still hold every acknowledged message.
+func TestClusterHealthAndReplace(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	ctx := ctxFor(t, 120*time.Second)
+	leader := mustLeader(t, c)
+	mustTopic(t, leader, "mem", nil)
+	want := map[string]bool{}
+	for i := range 5 {
+		k := fmt.Sprintf("m%d", i)
+		want[k] = true
+		mustPublish(t, leader, "mem", k, map[string]string{"Idempotency-Key": k})
+	}
+	all := map[string]bool{"n1": true, "n2": true, "n3": true}
+	for _, n := range c.Nodes() {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ci, err := waitView(wctx, n, "three healthy voters", healthy(all))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.LeaderID() != leader.ID() {
+			t.Fatalf("%s names leader %s, want %s", n, ci.LeaderID(), leader.ID())
+		}
+	}
+
+	// Kill the leader: the others stop naming it and show it unreachable.
+	dead := leader.ID()
+	leader.Kill()
+	killed := time.Now()
+	var rest []*tc.Node
+	for _, n := range c.Nodes() {
+		if n.ID() != dead {
+			rest = append(rest, n)
+		}
+	}
+	for _, n := range rest {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := waitView(wctx, n, "the killed leader unreachable and not named leader", func(ci tc.ClusterInfo) bool {
+			for _, x := range ci.Nodes {
+				if x.ID == dead {
+					return x.State == "unreachable" && ci.LeaderID() != dead
+				}
+			}
+			return false
+		})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("killed leader %s shown unreachable by both others %v after the kill", dead, time.Since(killed).Round(time.Millisecond))
+
+	mustLeader(t, c)
+	follower := rest[0]
+	if l, _ := c.Leader(ctx); l == follower {
+		follower = rest[1]
+	}
+	r, err := follower.Do(ctx, http.MethodDelete, "/v1/cluster/nodes/nope", nil, nil)
+	expectCode(t, "remove an unknown node", r, err, 404, "node_not_found")
+	r, err = follower.Do(ctx, http.MethodDelete, "/v1/cluster/nodes/"+dead, nil, nil)
+	expectCode(t, "remove the dead node through a follower", r, err, 200, "")
+	r, err = follower.Do(ctx, http.MethodDelete, "/v1/cluster/nodes/"+dead, nil, nil)
+	expectCode(t, "remove it again", r, err, 404, "node_not_found")
+	two := map[string]bool{rest[0].ID(): true, rest[1].ID(): true}
+	if _, err := waitView(ctx, follower, "two healthy voters", healthy(two)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Replace it: a new id, an empty data dir.
+	n4 := c.AddNode("n4")
+	if _, err := c.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+		t.Fatalf("cluster with n4 not ready: %v", err)
+	}
+	three := map[string]bool{rest[0].ID(): true, rest[1].ID(): true, "n4": true}
+	for _, n := range append(rest, n4) {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := waitView(wctx, n, "three healthy voters with n4", healthy(three))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, err := drain(ctx, n4, "mem", "g", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range msgs {
+		got[m.IdempotencyKey] = true
+	}
+	for k := range want {
+		if !got[k] {
+			t.Fatalf("acknowledged %s missing after the replacement (got %v)", k, got)
+		}
+	}
+	mustPublish(t, n4, "mem", "after", nil)
+}
