@@ -19,11 +19,11 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx, r *route) error {
 	if p.Has(PermOpen) {
 		return nil
 	}
-	if p.Has(PermCluster) && s.opts.PeerCerts && peerCertified(ctx) {
+	if p.Has(PermCluster) && s.opts.TLS != nil && peerCertified(ctx) {
 		return nil
 	}
 	if s.opts.Auth == nil {
-		if p.Has(PermCluster) && s.opts.PeerCerts {
+		if p.Has(PermCluster) && s.opts.TLS != nil {
 			return fmt.Errorf("%w: node-to-node routes need a client certificate signed by the cluster's CA", ErrUnauthenticated)
 		}
 		return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/tlsconf"
 	"github.com/valyala/fasthttp"
 )
 
@@ -34,10 +35,12 @@ const (
 type Options struct {
 	// Auth holds the tokens of --auth-file; nil serves without tokens.
 	Auth *auth.Store
-	// PeerCerts: node-to-node routes also accept a TLS client certificate
-	// that verified against the cluster's CA (set when TLS is on). Without
-	// auth, it is then the only way onto those routes.
-	PeerCerts bool
+	// TLS, when set, is the node's TLS material: the server is then
+	// reached over HTTPS (the caller wraps its listener), forwards to the
+	// leader with mutual TLS, and node-to-node routes accept a client
+	// certificate that verified against the cluster's CA (without auth,
+	// only that).
+	TLS *tlsconf.Store
 }
 
 // Server serves mqd's HTTP API for one node.
@@ -72,6 +75,11 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 		WriteTimeout:        30 * time.Second,
 		MaxIdleConnDuration: time.Minute,
 		RetryIfErr:          func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+	}
+	if opts.TLS != nil {
+		// The request stays http://: the connection itself is mutual TLS,
+		// made with the certificates current at each dial.
+		s.fwd.DialTimeout = opts.TLS.DialTimeout
 	}
 	s.srv = &fasthttp.Server{
 		Handler:                      s.handle,

@@ -43,7 +43,8 @@ func (n *Node) Status() Status {
 //
 // Every node then makes sure the leader has recorded its HTTP address.
 func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
-	client := &http.Client{Timeout: 2 * time.Second}
+	client := n.peerClient()
+	defer client.CloseIdleConnections()
 	if !n.hadState && len(peers) == 0 {
 		if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
 			return fmt.Errorf("bootstrap: %w", err)
@@ -126,7 +127,7 @@ func cmpStr(a, b string) int {
 
 func (n *Node) getStatus(ctx context.Context, c *http.Client, addr string) (Status, error) {
 	var st Status
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/internal/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.peerURL(addr, "/v1/internal/status"), nil)
 	if err != nil {
 		return st, err
 	}
@@ -144,7 +145,7 @@ func (n *Node) getStatus(ctx context.Context, c *http.Client, addr string) (Stat
 
 func (n *Node) postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) error {
 	body, _ := json.Marshal(info)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/internal/join", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.peerURL(addr, "/v1/internal/join"), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -166,4 +167,26 @@ func (n *Node) nodeAuth(req *http.Request) {
 	if n.cfg.NodeToken != "" {
 		req.Header.Set("Authorization", "Bearer "+n.cfg.NodeToken)
 	}
+}
+
+// peerClient is the HTTP client for node-to-node calls: mutual TLS with
+// the cluster's certificates when TLS is on.
+func (n *Node) peerClient() *http.Client {
+	if n.cfg.TLS == nil {
+		return &http.Client{Timeout: 2 * time.Second}
+	}
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		Proxy:               nil,
+		DialTLSContext:      n.cfg.TLS.DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     30 * time.Second,
+	}}
+}
+
+// peerURL is the URL of path on a peer's HTTP address.
+func (n *Node) peerURL(addr, path string) string {
+	if n.cfg.TLS != nil {
+		return "https://" + addr + path
+	}
+	return "http://" + addr + path
 }

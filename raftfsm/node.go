@@ -13,16 +13,18 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/tlsconf"
 )
 
 // Config configures a node.
 type Config struct {
 	ID                string
 	DataDir           string
-	RaftAddr          string // listen address
-	RaftAdvertise     string // address peers dial; defaults to RaftAddr
-	HTTPAddr          string // advertised to peers for forwarding
-	NodeToken         string // bearer token for node-to-node HTTP calls (join, status); may be empty
+	RaftAddr          string         // listen address
+	RaftAdvertise     string         // address peers dial; defaults to RaftAddr
+	HTTPAddr          string         // advertised to peers for forwarding
+	NodeToken         string         // bearer token for node-to-node HTTP calls (join, status); may be empty
+	TLS               *tlsconf.Store // mutual TLS for raft and node-to-node HTTP; nil: plain TCP
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
@@ -148,7 +150,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft advertise address: %w", err)
 	}
-	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, hlog)
+	n.trans, err = newTransport(cfg, adv, hlog)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)

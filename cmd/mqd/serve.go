@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/mqd/mqd/api"
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/tlsconf"
 )
 
 // Flag names; each is also read from MQD_<NAME> (upper case, '-' → '_').
@@ -36,11 +38,15 @@ const (
 	flagNodeToken         = "node-token"
 	flagInsecure          = "insecure"
 	flagRaftLog           = "raft-log"
+	flagTLSCert           = "tls-cert"
+	flagTLSKey            = "tls-key"
+	flagTLSCA             = "tls-ca"
 )
 
 type options struct {
 	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel, raftLog string
 	authFile, nodeToken                                                     string
+	tlsCert, tlsKey, tlsCA                                                  string
 	insecure                                                                bool
 	bootstrapExpect                                                         int
 	snapshotThreshold, trailingLogs                                         uint64
@@ -68,6 +74,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
 	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
 	fs.BoolVar(&o.insecure, flagInsecure, false, "serve without --auth-file on a non-loopback --http-addr")
+	fs.StringVar(&o.tlsCert, flagTLSCert, "", "PEM certificate (chain) of this node: HTTPS only, mutual TLS between nodes; re-read on SIGHUP")
+	fs.StringVar(&o.tlsKey, flagTLSKey, "", "PEM private key of --tls-cert")
+	fs.StringVar(&o.tlsCA, flagTLSCA, "", "PEM CA certificate(s) that sign the cluster's node certificates")
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -95,6 +104,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
+	}
+	if (o.tlsCert != "" || o.tlsKey != "" || o.tlsCA != "") && (o.tlsCert == "" || o.tlsKey == "" || o.tlsCA == "") {
+		return nil, errors.New("--tls-cert, --tls-key and --tls-ca go together")
 	}
 	if o.authFile == "" && !o.insecure && !loopback(o.httpAddr) {
 		return nil, fmt.Errorf("--http-addr %s is not a loopback address: give --auth-file (tokens) or, to serve openly anyway, --insecure", o.httpAddr)
@@ -134,6 +146,14 @@ func run(o *options) error {
 		}
 		logger.Info("auth: tokens loaded", "file", o.authFile, "tokens", tokens.Len())
 	}
+	var certs *tlsconf.Store
+	if o.tlsCert != "" {
+		var err error
+		if certs, err = tlsconf.Load(tlsconf.Files{Cert: o.tlsCert, Key: o.tlsKey, CA: o.tlsCA}); err != nil {
+			return err
+		}
+		logger.Info("tls: certificates loaded", "cert", o.tlsCert, "ca", o.tlsCA, "not_after", certs.NotAfter())
+	}
 	ln, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		return fmt.Errorf("http listen: %w", err)
@@ -141,6 +161,7 @@ func run(o *options) error {
 	node, err := raftfsm.Open(raftfsm.Config{
 		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
 		NodeToken:         o.nodeToken,
+		TLS:               certs,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
 		MinFreeDisk: o.minFreeDisk, RaftLog: o.raftLog, Logger: logger,
 	})
@@ -148,10 +169,14 @@ func run(o *options) error {
 		ln.Close()
 		return err
 	}
-	srv := api.New(node, logger, api.Options{Auth: tokens})
+	if certs != nil {
+		// Users authenticate with tokens; nodes present certificates.
+		ln = certs.Listener(ln, tls.VerifyClientCertIfGiven, 10*time.Second)
+	}
+	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go reloadOnHUP(ctx, logger, tokens)
+	go reloadOnHUP(ctx, logger, tokens, certs)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	go node.Run(ctx)
@@ -199,9 +224,10 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// reloadOnHUP re-reads the token file on every SIGHUP until ctx ends. A
-// file that does not load keeps the tokens in force; the log says why.
-func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store) {
+// reloadOnHUP re-reads the token file and the certificates on every
+// SIGHUP until ctx ends. What does not load keeps what was in force; the
+// log says why.
+func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store, certs *tlsconf.Store) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -211,14 +237,22 @@ func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store) {
 			return
 		case <-hup:
 		}
-		if tokens == nil {
+		if tokens == nil && certs == nil {
 			logger.Info("SIGHUP: nothing to reload")
-			continue
 		}
-		if err := tokens.Reload(); err != nil {
-			logger.Error("SIGHUP: auth file not reloaded, the previous tokens stay in force", "err", err)
-			continue
+		if tokens != nil {
+			if err := tokens.Reload(); err != nil {
+				logger.Error("SIGHUP: auth file not reloaded, the previous tokens stay in force", "err", err)
+			} else {
+				logger.Info("SIGHUP: auth file reloaded", "tokens", tokens.Len())
+			}
 		}
-		logger.Info("SIGHUP: auth file reloaded", "tokens", tokens.Len())
+		if certs != nil {
+			if err := certs.Reload(); err != nil {
+				logger.Error("SIGHUP: certificates not reloaded, the previous ones stay in force", "err", err)
+			} else {
+				logger.Info("SIGHUP: certificates reloaded", "not_after", certs.NotAfter())
+			}
+		}
 	}
 }

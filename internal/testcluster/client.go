@@ -25,12 +25,13 @@ type Client struct {
 func (c *Client) WithToken(token string) *Client { return &Client{HTTP: c.HTTP, Token: token} }
 
 // NewTLSClient is NewClient for HTTPS: it trusts the CA certificates in
-// roots and, when cert is not nil, presents it as a client certificate.
+// roots and, when cert is not nil, presents it as a client certificate
+// (always, even when the server asks for another CA's).
 func NewTLSClient(timeout time.Duration, maxIdlePerHost int, roots *x509.CertPool, cert *tls.Certificate) *Client {
 	c := NewClient(timeout, maxIdlePerHost)
 	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	if cert != nil {
-		cfg.Certificates = []tls.Certificate{*cert}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 	}
 	c.HTTP.Transport.(*http.Transport).TLSClientConfig = cfg
 	return c
