@@ -88,7 +88,13 @@ func (s *Server) routes() []Route {
 	rt := func(method, pattern string, leader bool, p Perm, h func(*fasthttp.RequestCtx, *route) error) Route {
 		return Route{Method: method, Pattern: pattern, Leader: leader, Perm: p, handler: h}
 	}
-	pprof := func(ctx *fasthttp.RequestCtx, _ *route) error { pprofhandler.PprofHandler(ctx); return nil }
+	pprof := func(ctx *fasthttp.RequestCtx, _ *route) error {
+		if !s.opts.Pprof {
+			return fmt.Errorf("%w: profiles are off (start mqd with --pprof)", ErrNotFound)
+		}
+		pprofhandler.PprofHandler(ctx)
+		return nil
+	}
 	return []Route{
 		rt("GET", "/healthz", false, PermOpen, s.healthz),
 		rt("GET", "/readyz", false, PermOpen, s.readyz),

@@ -41,6 +41,9 @@ type Options struct {
 	// certificate that verified against the cluster's CA (without auth,
 	// only that).
 	TLS *tlsconf.Store
+	// Pprof serves Go profiles at /debug/pprof/ (--pprof); off, those
+	// routes answer 404.
+	Pprof bool
 }
 
 // Server serves mqd's HTTP API for one node.
@@ -56,6 +59,7 @@ type Server struct {
 	table   []Route
 	router  *router
 	rr      atomic.Uint32 // round-robin partition choice
+	loud    loudLimiter   // spaces out 5xx warnings (requestlog.go)
 }
 
 // New builds a server for node.
@@ -112,6 +116,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // refused caller learns nothing about what exists), validate the names, run.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
+	id := requestID(ctx)
 	r := &route{}
 	err := s.router.match(ctx.Method(), string(ctx.Path()), r)
 	if err != nil {
@@ -136,7 +141,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if r.def != nil {
 		pattern = r.def.Pattern
 	}
-	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), time.Since(start))
+	ctx.Response.Header.Set(RequestIDHeader, id)
+	took := time.Since(start)
+	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), took)
+	s.logRequest(ctx, r, id, pattern, err, took)
 }
 
 // deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the

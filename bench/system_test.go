@@ -85,7 +85,7 @@ var topicSeq atomic.Int64
 func startSystem(b *testing.B, n int) *system {
 	b.Helper()
 	client := tc.NewClient(60*time.Second, 256)
-	c := tc.Start(b, n, tc.WithClient(client))
+	c := tc.Start(b, n, tc.WithClient(client), tc.WithFlags("--pprof")) // nodeHeap and profiling use /debug/pprof/
 	leader, err := c.Leader(context.Background())
 	if err != nil {
 		b.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/tlsconf"
 )
@@ -118,7 +117,7 @@ func Open(cfg Config) (*Node, error) {
 	n.FSM = fsm
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
 	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
 	if err != nil {
 		fsm.Close()

@@ -117,7 +117,7 @@ func authMatrix() []authCase {
 func TestAuthMatrix(t *testing.T) {
 	t.Parallel()
 	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx)
+	c := startAuthCluster(t, 3, fx, tc.WithFlags("--pprof")) // pprof is behind its flag
 	l, fs := mustRoles(t, c)
 	mustTopic(t, l, "orders", nil)
 	mustTopic(t, l, "invoices", nil)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -33,6 +34,8 @@ const (
 	flagSnapshotInterval  = "snapshot-interval"
 	flagTrailingLogs      = "trailing-logs"
 	flagLogLevel          = "log-level"
+	flagLogFormat         = "log-format"
+	flagPprof             = "pprof"
 	flagMinFreeDisk       = "min-free-disk"
 	flagAuthFile          = "auth-file"
 	flagNodeToken         = "node-token"
@@ -45,6 +48,8 @@ const (
 
 type options struct {
 	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel, raftLog string
+	logFormat                                                               string
+	pprof                                                                   bool
 	authFile, nodeToken                                                     string
 	tlsCert, tlsKey, tlsCA                                                  string
 	insecure                                                                bool
@@ -69,6 +74,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot")
 	fs.StringVar(&o.raftLog, flagRaftLog, raftfsm.LogStoreWAL, "raft log store of a new data dir: wal (raft-wal segments) or bolt (raft-boltdb); an existing data dir keeps its own")
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logFormat, flagLogFormat, "text", "log format: text (logfmt) or json (one object per line)")
+	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
@@ -136,7 +143,10 @@ func run(o *options) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	logger, err := newLogger(os.Stderr, o.logFormat, level)
+	if err != nil {
+		return err
+	}
 	slog.SetDefault(logger)
 	var tokens *auth.Store
 	if o.authFile != "" {
@@ -173,7 +183,7 @@ func run(o *options) error {
 		// Users authenticate with tokens; nodes present certificates.
 		ln = certs.Listener(ln, tls.VerifyClientCertIfGiven, 10*time.Second)
 	}
-	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs})
+	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go reloadOnHUP(ctx, logger, tokens, certs)
@@ -255,4 +265,17 @@ func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store, c
 			}
 		}
 	}
+}
+
+// newLogger is the process's one logger: every line, raft's included,
+// goes through it in one format.
+func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--%s: %q is neither text nor json", flagLogFormat, format)
 }
