@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/mqd/mqd/client"
+)
+
+// A command is one client command (`mqd topic create ...`). Each file
+// registers its commands in an init function; `mqd --help` lists them in
+// the order of cmdOrder, then by name.
+type command struct {
+	name    string // one or two words: "pub", "topic create"
+	args    string // usage after the name and before the flags: "TOPIC [MESSAGE]"
+	summary string
+	// local commands do not talk to a server: they get no --server,
+	// --token, --tls-ca flags and cli.client is nil.
+	local bool
+	// setup defines the command's flags on fs and returns what runs it
+	// with the positional arguments.
+	setup func(fs *flag.FlagSet) func(ctx context.Context, c *cli, args []string) error
+	// raw, instead of setup, runs a command that parses its own flags.
+	raw func(args []string, stdout, stderr io.Writer) int
+}
+
+var commands = map[string]*command{}
+
+func init() {
+	register(&command{name: "token new", args: "--name N --permission P [--permission P ...] --auth-file PATH",
+		summary: "add a token to an auth file and print its secret once (no server involved)", local: true,
+		raw: func(args []string, stdout, stderr io.Writer) int {
+			return tokenCmd(append([]string{"new"}, args...), stdout, stderr)
+		}})
+}
+
+// cmdOrder is the order of the groups in `mqd --help`; others follow by name.
+var cmdOrder = []string{"topic", "pub", "sub", "dlq", "cluster", "bench", "token"}
+
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("mqd: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// cli is what a running command uses: its client and where to write.
+type cli struct {
+	client *client.Client
+	json   bool
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// errUsage marks a command-line mistake (exit status 2).
+var errUsage = errors.New("usage")
+
+func usageErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
+}
+
+// isCommand reports whether args start with a client command or group.
+func isCommand(args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	_, ok := commands[args[0]]
+	return ok || len(group(args[0])) > 0
+}
+
+// group returns the commands named "word ...".
+func group(word string) []*command {
+	var out []*command
+	for name, c := range commands {
+		if strings.HasPrefix(name, word+" ") {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// runCommand runs the client command args name and returns the exit status.
+func runCommand(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	return c.run(ctx, args)
+}
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	cmd, rest := lookup(args)
+	if cmd == nil {
+		if g := group(args[0]); len(g) > 0 {
+			if len(args) > 1 && args[1] != "-h" && args[1] != "--help" && args[1] != "help" {
+				fmt.Fprintf(c.stderr, "mqd: unknown command %q\n\n", args[0]+" "+args[1])
+			}
+			listCommands(c.stderr, g)
+			return 2
+		}
+		fmt.Fprintf(c.stderr, "mqd: unknown command %q (mqd --help lists them)\n", args[0])
+		return 2
+	}
+	if cmd.raw != nil {
+		return cmd.raw(rest, c.stdout, c.stderr)
+	}
+	fs := flag.NewFlagSet("mqd "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	var g globalFlags
+	if !cmd.local {
+		g.define(fs)
+	}
+	runFn := cmd.setup(fs)
+	// On a flag error, the flag package prints its message and calls Usage.
+	fs.Usage = func() {
+		fmt.Fprintf(c.stderr, "usage: mqd %s [flags]  (mqd %s --help)\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.name)
+	}
+	pos, err := parseInterspersed(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		commandUsage(c.stdout, cmd, fs)
+		return 0
+	}
+	if err != nil {
+		return 2 // the flag package said why
+	}
+	if !cmd.local {
+		if c.client, err = g.client(); err != nil {
+			fmt.Fprintln(c.stderr, "mqd:", err)
+			return 2
+		}
+		c.json = g.json
+	}
+	err = runFn(ctx, c, pos)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(c.stderr, "mqd %s: %v\n", cmd.name, strings.TrimPrefix(err.Error(), "usage: "))
+		fs.Usage()
+		return 2
+	default:
+		fmt.Fprintln(c.stderr, "mqd:", err)
+		return 1
+	}
+}
+
+// lookup finds the command args start with: two words, else one.
+func lookup(args []string) (*command, []string) {
+	if len(args) >= 2 {
+		if c, ok := commands[args[0]+" "+args[1]]; ok {
+			return c, args[2:]
+		}
+	}
+	if c, ok := commands[args[0]]; ok {
+		return c, args[1:]
+	}
+	return nil, nil
+}
+
+// parseInterspersed parses flags anywhere among the positional arguments
+// (`mqd pub orders --key k hello`); after "--" everything is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// globalFlags are on every client command.
+type globalFlags struct {
+	server, token, tlsCA string
+	json                 bool
+}
+
+func (g *globalFlags) define(fs *flag.FlagSet) {
+	server := os.Getenv("MQD_SERVER")
+	if server == "" {
+		server = client.DefaultServer
+	}
+	fs.StringVar(&g.server, "server", server, "server URL, or several separated by commas (env MQD_SERVER)")
+	fs.StringVar(&g.token, "token", os.Getenv("MQD_TOKEN"), "bearer token (env MQD_TOKEN)")
+	fs.StringVar(&g.tlsCA, "tls-ca", "", "PEM file of the CA to trust for https servers")
+	fs.BoolVar(&g.json, "json", false, "print the API's JSON instead of tables")
+}
+
+func (g *globalFlags) client() (*client.Client, error) {
+	return client.New(client.Config{Servers: splitList(g.server), Token: g.token, TLSCAFile: g.tlsCA})
+}
+
+// printJSON writes raw JSON on one line.
+func (c *cli) printJSON(raw []byte) {
+	c.stdout.Write(append(trimNL(raw), '\n'))
+}
+
+func trimNL(b []byte) []byte { return []byte(strings.TrimRight(string(b), "\r\n")) }
+
+// table returns a writer aligning tab-separated columns; Flush it.
+func (c *cli) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+}
+
+// marshalLine marshals v as one line of JSON.
+func marshalLine(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only our own types
+	}
+	return b
+}
+
+func needArgs(args []string, n int, names string) error {
+	if len(args) != n {
+		return usageErr("want %s, got %d argument(s)", names, len(args))
+	}
+	return nil
+}

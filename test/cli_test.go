@@ -1,0 +1,251 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// cliRun is one run of the mqd binary as a client.
+type cliRun struct {
+	stdout, stderr string
+	code           int
+}
+
+// runCLI runs `mqd args...` with MQD_SERVER=server (unless empty) and stdin,
+// bounded by 60 s.
+func runCLI(t *testing.T, server, stdin string, args ...string) cliRun {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tc.Binary(t), args...)
+	cmd.Env = append(os.Environ(), "MQD_SERVER="+server, "MQD_TOKEN=")
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := cliRun{stdout: out.String(), stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("mqd %v: %v", args, err)
+	}
+	return r
+}
+
+// ok runs a command that must succeed and returns its stdout.
+func ok(t *testing.T, server, stdin string, args ...string) string {
+	t.Helper()
+	r := runCLI(t, server, stdin, args...)
+	if r.code != 0 {
+		t.Fatalf("mqd %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// fails runs a command that must exit with code and say want on stderr.
+func fails(t *testing.T, server string, code int, want string, args ...string) {
+	t.Helper()
+	r := runCLI(t, server, "", args...)
+	if r.code != code || !strings.Contains(r.stderr, want) {
+		t.Errorf("mqd %s: exit %d, stderr %q; want exit %d saying %q", strings.Join(args, " "), r.code, r.stderr, code, want)
+	}
+}
+
+func mustContain(t *testing.T, what, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s: %q lacks %q", what, got, w)
+		}
+	}
+}
+
+// Every client command through the real binary against a real node: what
+// it prints on success, and its exit status and message on failure.
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	srv := c.Node(0).URL()
+
+	t.Run("topic", func(t *testing.T) {
+		mustContain(t, "create", ok(t, srv, "", "topic", "create", "orders", "--partitions", "3"), "created topic orders (3 partitions)")
+		mustContain(t, "update", ok(t, srv, "", "topic", "create", "orders", "--config", `{"max_retry":2}`), "updated topic orders")
+		fails(t, srv, 1, "partitions_shrink", "topic", "create", "orders", "--partitions", "1")
+		fails(t, srv, 1, "max_retyr", "topic", "create", "orders", "--config", `{"max_retyr":2}`)
+		fails(t, srv, 2, "--config", "topic", "create", "orders", "--config", `[1]`)
+		fails(t, srv, 1, "invalid_name", "topic", "create", "x!y")
+		mustContain(t, "list", ok(t, srv, "", "topic", "list"), "TOPIC", "orders  3")
+		info := ok(t, srv, "", "topic", "info", "orders")
+		mustContain(t, "info", info, "max_retry          2", "PARTITION", "ack_timeout_ms")
+		var st struct {
+			Name   string
+			Config map[string]any
+		}
+		if err := json.Unmarshal([]byte(ok(t, srv, "", "topic", "info", "orders", "--json")), &st); err != nil ||
+			st.Name != "orders" || st.Config["max_retry"] != 2.0 {
+			t.Errorf("topic info --json: %+v %v", st, err)
+		}
+		fails(t, srv, 1, "topic_not_found", "topic", "info", "nope")
+		fails(t, srv, 2, "NAME", "topic", "info")
+		ok(t, srv, "", "topic", "create", "gone")
+		mustContain(t, "delete", ok(t, srv, "", "topic", "delete", "gone"), "deleted topic gone")
+		fails(t, srv, 1, "topic_not_found", "topic", "delete", "gone")
+	})
+
+	t.Run("pub-sub", func(t *testing.T) {
+		ok(t, srv, "", "topic", "create", "ps")
+		mustContain(t, "pub", ok(t, srv, "", "pub", "ps", "hello", "--key", "k1", "--attr", "src=cli"), "ps partition 0 offset 0\n")
+		mustContain(t, "pub dup", ok(t, srv, "", "pub", "ps", "--key", "k1", "hello again"), "offset 0 duplicate")
+		mustContain(t, "stdin", ok(t, srv, "one\ntwo\n\nthree\n", "pub", "ps", "--key", "lines"), "offset 1\n", "offset 3\n")
+		// The same lines again: every line's key (lines-N) is a duplicate.
+		if out := ok(t, srv, "one\ntwo\n\nthree\n", "pub", "ps", "--key", "lines"); strings.Count(out, "duplicate") != 3 {
+			t.Errorf("stdin again: %q, want three duplicates", out)
+		}
+		file := filepath.Join(t.TempDir(), "msgs.txt")
+		if err := os.WriteFile(file, []byte("four\nfive\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mustContain(t, "file", ok(t, srv, "", "pub", "ps", "--file", file), "offset 4\n", "offset 5\n")
+		var pr struct{ Offset int }
+		if err := json.Unmarshal([]byte(ok(t, srv, "", "pub", "ps", "six", "--partition-key", "p", "--json")), &pr); err != nil || pr.Offset != 6 {
+			t.Errorf("pub --json: %+v %v", pr, err)
+		}
+		ok(t, srv, "", "pub", "ps", "later", "--delay", "1h")
+		fails(t, srv, 1, "topic_not_found", "pub", "nope", "x")
+		fails(t, srv, 2, "name=value", "pub", "ps", "x", "--attr", "novalue")
+		fails(t, srv, 2, "no message", "pub", "ps")
+
+		if out := ok(t, srv, "", "sub", "ps", "--group", "g", "--count", "2"); out != "hello\none\n" {
+			t.Errorf("sub --count 2: %q", out)
+		}
+		// --json: one message object per line, with its attributes.
+		out := ok(t, srv, "", "sub", "ps", "--group", "g2", "--count", "1", "--json")
+		var m struct {
+			Offset         int
+			IdempotencyKey string `json:"idempotency_key"`
+			Attrs          map[string]string
+		}
+		if err := json.Unmarshal([]byte(out), &m); err != nil || m.IdempotencyKey != "k1" || m.Attrs["src"] != "cli" {
+			t.Errorf("sub --json: %q (%v)", out, err)
+		}
+		// Without --count it takes the rest (the delayed one stays) and stops after --wait.
+		if out := ok(t, srv, "", "sub", "ps", "--group", "g", "--wait", "500ms"); out != "two\nthree\nfour\nfive\nsix\n" {
+			t.Errorf("sub rest: %q", out)
+		}
+		if out := ok(t, srv, "", "sub", "ps", "--group", "g", "--wait", "0"); out != "" {
+			t.Errorf("sub on a drained group: %q", out)
+		}
+		var st struct {
+			Groups map[string]struct {
+				Acked    int
+				InFlight int `json:"in_flight"`
+			}
+		}
+		if err := json.Unmarshal([]byte(ok(t, srv, "", "topic", "info", "ps", "--json")), &st); err != nil ||
+			st.Groups["g"].Acked != 7 || st.Groups["g"].InFlight != 0 {
+			t.Errorf("group g after sub: %+v (%v), want all 7 printed messages acked", st.Groups["g"], err)
+		}
+		// --no-ack leaves it leased (in flight); --nack makes it wait for a retry.
+		ok(t, srv, "", "sub", "ps", "--group", "g3", "--count", "1", "--no-ack")
+		ok(t, srv, "", "sub", "ps", "--group", "g4", "--count", "1", "--nack", "not today")
+		info := ok(t, srv, "", "topic", "info", "ps")
+		if !regexp.MustCompile(`\ng3 +\d+ +1 `).MatchString(info) || !regexp.MustCompile(`\ng4 +\d+ +0 +[12] `).MatchString(info) {
+			t.Errorf("after --no-ack (g3: 1 in flight) and --nack (g4: the nacked one delayed):\n%s", info)
+		}
+		fails(t, srv, 2, "--group is required", "sub", "ps")
+		fails(t, srv, 1, "topic_not_found", "sub", "nope", "--group", "g")
+	})
+
+	t.Run("dlq", func(t *testing.T) {
+		ok(t, srv, "", "topic", "create", "dl", "--config", `{"max_retry":0}`)
+		ok(t, srv, "", "pub", "dl", "poison", "--key", "p1")
+		ok(t, srv, "", "sub", "dl", "--group", "g", "--nack", "cannot parse")
+		list := ok(t, srv, "", "dlq", "list", "dl", "g")
+		mustContain(t, "dlq list", list, "ID", "p1", "cannot parse", "nack")
+		var page struct {
+			DeadLetters []struct{ ID uint64 } `json:"dead_letters"`
+		}
+		if err := json.Unmarshal([]byte(ok(t, srv, "", "dlq", "list", "dl", "g", "--json")), &page); err != nil || len(page.DeadLetters) != 1 {
+			t.Fatalf("dlq list --json: %+v %v", page, err)
+		}
+		mustContain(t, "replay", ok(t, srv, "", "dlq", "replay", "dl", "g", "--id", "1"), "replaying 1 dead letter")
+		if out := ok(t, srv, "", "sub", "dl", "--group", "g", "--count", "1", "--wait", "10s", "--nack", "still broken"); out != "poison\n" {
+			t.Errorf("after replay: %q", out)
+		}
+		mustContain(t, "replay all", ok(t, srv, "", "dlq", "replay", "dl", "g", "--all", "--rate", "10", "--json"), `"accepted"`)
+		fails(t, srv, 2, "--all or --id", "dlq", "replay", "dl", "g")
+		fails(t, srv, 1, "dead_letter_not_found", "dlq", "delete", "dl", "g", "999")
+		fails(t, srv, 2, "positive integer", "dlq", "delete", "dl", "g", "x")
+		fails(t, srv, 1, "group_not_found", "dlq", "list", "dl", "nogroup")
+	})
+
+	t.Run("cluster", func(t *testing.T) {
+		mustContain(t, "status", ok(t, srv, "", "cluster", "status"), "leader n1", "ID", "n1", "leader  ")
+		var st struct{ Leader struct{ ID string } }
+		if err := json.Unmarshal([]byte(ok(t, srv, "", "cluster", "status", "--json")), &st); err != nil || st.Leader.ID != "n1" {
+			t.Errorf("cluster status --json: %+v %v", st, err)
+		}
+		fails(t, srv, 1, "HTTP 404", "cluster", "remove", "no-such-node")
+	})
+
+	t.Run("bench", func(t *testing.T) {
+		out := ok(t, srv, "", "bench", "--duration", "1s", "--publishers", "2", "--consumers", "2", "--size", "64", "--key")
+		mustContain(t, "bench", out, "published", "consumed", "p50", "p999", "end to end")
+		var r struct{ Published, Consumed int64 }
+		out = ok(t, srv, "", "bench", "--duration", "1s", "--json")
+		if err := json.Unmarshal([]byte(out), &r); err != nil || r.Published == 0 || r.Consumed != r.Published {
+			t.Errorf("bench --json: %q (%v), want every published message consumed", out, err)
+		}
+		fails(t, srv, 2, "--size", "bench", "--size", "4")
+		// On a terminal (script(1) gives it one) a progress line is rewritten in place.
+		if sh, err := exec.LookPath("script"); err == nil {
+			cmd := exec.Command(sh, "-qec", tc.Binary(t)+" bench --duration 2500ms --server "+srv, "/dev/null")
+			out, err := cmd.CombinedOutput()
+			if err != nil || !regexp.MustCompile(`\r\x1b\[K +\d+s +published \d+ \(\d+/s\) +consumed`).Match(out) ||
+				!strings.Contains(string(out), "p999") {
+				t.Errorf("bench on a terminal: %v\n%q", err, out)
+			}
+		} else {
+			t.Log("no script(1): the terminal progress line is not checked")
+		}
+		if strings.Contains(ok(t, srv, "", "topic", "list"), "bench-") {
+			t.Error("bench left its topic behind")
+		}
+	})
+
+	t.Run("help-version-errors", func(t *testing.T) {
+		help := ok(t, "", "", "--help")
+		mustContain(t, "--help", help, "topic create", "pub TOPIC", "sub TOPIC", "dlq replay", "cluster status",
+			"bench", "--server", "--data-dir", "--bootstrap-expect")
+		mustContain(t, "pub --help", ok(t, "", "", "pub", "--help"), "--partition-key", "--attr", "--server", "--tls-ca")
+		mustContain(t, "topic", runCLI(t, "", "", "topic").stderr, "topic create", "topic delete")
+		mustContain(t, "--version", ok(t, "", "", "--version"), "mqd ", "commit ", "go1.")
+		fails(t, "", 2, "unknown command", "frobnicate")
+		fails(t, "", 2, "unknown command", "topic", "frobnicate")
+		fails(t, srv, 2, "flag provided but not defined", "topic", "list", "--nope")
+		fails(t, srv, 2, "tls-ca", "topic", "list", "--tls-ca", filepath.Join(t.TempDir(), "missing.pem"))
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := "http://" + ln.Addr().String()
+		ln.Close()
+		fails(t, dead, 1, "connection refused", "topic", "list")
+		// A dead first server fails over to the next; flags beat MQD_SERVER.
+		mustContain(t, "failover", ok(t, "http://127.0.0.1:1", "", "topic", "list", "--server", dead+","+srv), "orders")
+	})
+}
