@@ -199,7 +199,18 @@ func TestCLI(t *testing.T) {
 		if err := json.Unmarshal([]byte(ok(t, srv, "", "cluster", "status", "--json")), &st); err != nil || st.Leader.ID != "n1" {
 			t.Errorf("cluster status --json: %+v %v", st, err)
 		}
-		fails(t, srv, 1, "HTTP 404", "cluster", "remove", "no-such-node")
+		fails(t, srv, 1, "node_not_found", "cluster", "remove", "no-such-node")
+		// A second node joins; cluster remove takes it out again.
+		n2 := c.AddNode("n2")
+		if err := n2.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatalf("n2 not ready: %v", err)
+		}
+		mustContain(t, "status with n2", ok(t, srv, "", "cluster", "status"), "\nn2 ", "follower")
+		mustContain(t, "remove", ok(t, srv, "", "cluster", "remove", "n2"), "removed node n2")
+		if out := ok(t, srv, "", "cluster", "status"); strings.Contains(out, "\nn2 ") {
+			t.Errorf("n2 still listed after cluster remove:\n%s", out)
+		}
+		fails(t, srv, 1, "node_not_found", "cluster", "remove", "n2")
 	})
 
 	t.Run("bench", func(t *testing.T) {
@@ -230,7 +241,7 @@ func TestCLI(t *testing.T) {
 	t.Run("help-version-errors", func(t *testing.T) {
 		help := ok(t, "", "", "--help")
 		mustContain(t, "--help", help, "topic create", "pub TOPIC", "sub TOPIC", "dlq replay", "cluster status",
-			"bench", "--server", "--data-dir", "--bootstrap-expect")
+			"bench", "token new", "--server", "--data-dir", "--bootstrap-expect")
 		mustContain(t, "pub --help", ok(t, "", "", "pub", "--help"), "--partition-key", "--attr", "--server", "--tls-ca")
 		mustContain(t, "topic", runCLI(t, "", "", "topic").stderr, "topic create", "topic delete")
 		mustContain(t, "--version", ok(t, "", "", "--version"), "mqd ", "commit ", "go1.")

@@ -37,7 +37,7 @@ type command struct {
 var commands = map[string]*command{}
 
 func init() {
-	register(&command{name: "token new", args: "--name N --permission P [--permission P ...] --auth-file PATH",
+	register(&command{name: "token new", args: "--name N --permission P... --auth-file F",
 		summary: "add a token to an auth file and print its secret once (no server involved)", local: true,
 		raw: func(args []string, stdout, stderr io.Writer) int {
 			return tokenCmd(append([]string{"new"}, args...), stdout, stderr)
