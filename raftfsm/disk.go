@@ -100,6 +100,18 @@ type diskGuard struct {
 	need     atomic.Uint64
 	admitted atomic.Uint64 // bytes admitted since the last reading, times two
 	low      atomic.Bool
+	extra    atomic.Uint64 // kept free on top of the threshold (reserve)
+}
+
+// reserve keeps size bytes free on top of the threshold (unless the check
+// is off): room for the next raft-wal segment, which is preallocated whole
+// when the current one is full, so that acks and other small writes can
+// still be logged once publishes are refused.
+func (g *diskGuard) reserve(size uint64) {
+	if g.min.Percent >= 0 {
+		g.extra.Store(size)
+	}
+	g.checked.Store(0) // read again with it
 }
 
 func newDiskGuard(dir string, min MinFree, logger *slog.Logger) *diskGuard {
@@ -140,7 +152,7 @@ func (g *diskGuard) refresh(now time.Time) {
 		return
 	}
 	free, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
-	need := g.min.threshold(total)
+	need := g.min.threshold(total) + g.extra.Load()
 	g.free.Store(free)
 	g.need.Store(need)
 	g.admitted.Store(0)

@@ -123,6 +123,9 @@ func Open(cfg Config) (*Node, error) {
 		fsm.Close()
 		return nil, err
 	}
+	if n.stores.kind == LogStoreWAL {
+		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
+	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again.
 	last, err := n.stores.log.LastIndex()

@@ -80,7 +80,9 @@ func expectCode(t *testing.T, what string, r *tc.Response, err error, status int
 // updates keep working; once space returns, writes resume by themselves.
 func TestDiskLowRefusesWrites(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, withTmpfs(t, 64<<20), tc.WithFlags("--min-free-disk", "16MiB"))
+	// 256 MiB: raft-wal preallocates 64 MiB segments. The node keeps
+	// 16 MiB plus one segment (64 MiB) free.
+	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB"))
 	n := c.Node(0)
 	ctx := ctxFor(t, 90*time.Second)
 	mustTopic(t, n, "disk", nil)
@@ -106,13 +108,13 @@ func TestDiskLowRefusesWrites(t *testing.T) {
 		receipts = append(receipts, m.Receipt)
 	}
 
-	// Fill the filesystem to 8 MiB free, under the 16 MiB threshold.
+	// Fill the filesystem to 40 MiB free, under the 80 MiB kept free.
 	ballast := filepath.Join(n.DataDir(), "ballast")
 	f, err := os.Create(ballast)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, n.DataDir())-8<<20); err != nil {
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, n.DataDir())-40<<20); err != nil {
 		t.Fatalf("fallocate: %v", err)
 	}
 	f.Close()
@@ -120,7 +122,7 @@ func TestDiskLowRefusesWrites(t *testing.T) {
 	// The node reads free space at most 1 s late: wait until it has.
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := waitMetric(wctx, n, "mqd_disk_free_bytes", func(v float64) bool { return v < 16<<20 }); err != nil {
+	if err := waitMetric(wctx, n, "mqd_disk_free_bytes", func(v float64) bool { return v < 48<<20 }); err != nil {
 		t.Fatal(err)
 	}
 	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/disk/messages", "refused", map[string]string{"Idempotency-Key": "refused"})
@@ -206,19 +208,19 @@ func publishRetry507(ctx context.Context, n *tc.Node, topic, payload string) (tc
 	}
 }
 
-// A node whose data dir really fills up (a 64 MiB tmpfs, default
-// --min-free-disk: 5 %) refuses publishes with 507 before the disk is full,
+// A node whose data dir really fills up (a 256 MiB tmpfs, default
+// --min-free-disk: 5 %, plus one 64 MiB raft-wal segment) refuses publishes with 507 before the disk is full,
 // does not crash, and every acknowledged message is still delivered.
 func TestDiskFillsUp(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, withTmpfs(t, 64<<20))
+	c := tc.Start(t, 1, withTmpfs(t, 256<<20))
 	n := c.Node(0)
 	ctx := ctxFor(t, 120*time.Second)
 	mustTopic(t, n, "fill", map[string]any{"max_message_bytes": 1 << 20})
 	payload := make([]byte, 64<<10)
 	acked := map[string]bool{}
 	refused := 0
-	for i := 0; i < 1000 && refused < 20; i++ {
+	for i := 0; i < 4000 && refused < 20; i++ {
 		key := fmt.Sprintf("k%04d", i)
 		copy(payload, key)
 		_, r, err := n.Publish(ctx, "fill", payload, map[string]string{"Idempotency-Key": key})

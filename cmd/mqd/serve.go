@@ -77,7 +77,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, flagLogFormat, "text", "log format: text (logfmt) or json (one object per line)")
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
-	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
+	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
 	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
