@@ -13,7 +13,10 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -90,7 +93,7 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 		// lock forever: the node owns the meta store and closes it itself.
 		meta := &metadb.BoltMetaDB{}
 		w, err := wal.Open(wdir, wal.WithSegmentSize(walSegmentSize), wal.WithLogger(hlog.Named("wal")),
-			wal.WithMetaStore(meta))
+			wal.WithMetaStore(meta), wal.WithSegmentFiler(truncatedTailFiler{segment.NewFiler(wdir, walfs.New())}))
 		if err != nil {
 			_ = meta.Close()
 			return nil, fmt.Errorf("raft wal: %w", err)
@@ -109,6 +112,27 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 		s.log = s.stable
 	}
 	return s, nil
+}
+
+// truncatedTailFiler works around a raft-wal v0.4.0 bug (hashicorp/raft-wal
+// issue 31, fixed upstream after the last release the module proxy
+// serves): truncating the log's tail — raft does it when a follower drops
+// entries an old leader never committed — marks the tail segment sealed in
+// the meta store without writing the index block a sealed segment is read
+// through, so the next open of the WAL fails every read of it ("sealed
+// segment has no index block") and the node cannot start. Such a segment
+// is opened the way an unsealed tail is recovered instead: by scanning its
+// frames up to the last valid commit, which rebuilds the index in memory.
+// Only reads are served from it; the WAL bounds them by the segment's
+// MaxIndex, since a truncated tail's later indexes live in the next
+// segment.
+type truncatedTailFiler struct{ *segment.Filer }
+
+func (f truncatedTailFiler) Open(info types.SegmentInfo) (types.SegmentReader, error) {
+	if info.IndexStart == 0 && !info.SealTime.IsZero() {
+		return f.Filer.RecoverTail(info)
+	}
+	return f.Filer.Open(info)
 }
 
 // Close closes the stores.

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -51,5 +52,55 @@ func TestRaftStoresKeepTheirKind(t *testing.T) {
 				t.Fatalf("entry 1 after reopen: %+v %v", l, err)
 			}
 		})
+	}
+}
+
+// raft-wal v0.4.0 marks the tail segment sealed when the log's tail is
+// truncated (raft does it when a follower drops entries an old leader did
+// not commit) without writing its index block; the WAL must still open and
+// read every entry afterwards (truncatedTailFiler).
+func TestWALReopensAfterTailTruncation(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	hlog := hclog.NewNullLogger()
+	dir := t.TempDir()
+	entries := func(from, to uint64, tag string) []*raft.Log {
+		var out []*raft.Log
+		for i := from; i <= to; i++ {
+			out = append(out, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("%s-%d", tag, i))})
+		}
+		return out
+	}
+	s, err := openRaftStores(dir, LogStoreWAL, logger, hlog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.log.StoreLogs(entries(1, 10, "old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.log.DeleteRange(8, 10); err != nil { // a conflicting suffix
+		t.Fatal(err)
+	}
+	if err := s.log.StoreLogs(entries(8, 12, "new")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = openRaftStores(dir, LogStoreWAL, logger, hlog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := uint64(1); i <= 12; i++ {
+		want := fmt.Sprintf("old-%d", i)
+		if i >= 8 {
+			want = fmt.Sprintf("new-%d", i)
+		}
+		var l raft.Log
+		if err := s.log.GetLog(i, &l); err != nil || string(l.Data) != want {
+			t.Fatalf("entry %d after reopen: %q, %v; want %q", i, l.Data, err, want)
+		}
+	}
+	if last, err := s.log.LastIndex(); err != nil || last != 12 {
+		t.Fatalf("last index %d, %v; want 12", last, err)
 	}
 }
