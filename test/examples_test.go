@@ -73,8 +73,10 @@ func TestExamplesCrossLanguage(t *testing.T) {
 		{"python", "py"}, {"node", "node"}, {"java", "java"}, {"shell", "sh"}, {"python", "flaky-py"}, {"node", "flaky-node"},
 	}
 	cmdFor := map[string]func(prefix string, count int) []string{
-		"python": func(p string, c int) []string { return []string{"python3", "python/producer.py", topic, fmt.Sprint(c), p} },
-		"node":   func(p string, c int) []string { return []string{"node", "node/producer.mjs", topic, fmt.Sprint(c), p} },
+		"python": func(p string, c int) []string {
+			return []string{"python3", "python/producer.py", topic, fmt.Sprint(c), p}
+		},
+		"node": func(p string, c int) []string { return []string{"node", "node/producer.mjs", topic, fmt.Sprint(c), p} },
 		"java": func(p string, c int) []string {
 			return []string{"java", "java/MqdExample.java", "produce", topic, fmt.Sprint(c), p}
 		},
