@@ -54,7 +54,8 @@ type PeerState struct {
 
 // probeLoop probes every other member until ctx ends.
 func (n *Node) probeLoop(ctx context.Context) {
-	client := &http.Client{Timeout: probeTimeout}
+	client := n.peerClient(probeTimeout)
+	defer client.CloseIdleConnections()
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {
