@@ -54,8 +54,7 @@ type PeerState struct {
 
 // probeLoop probes every other member until ctx ends.
 func (n *Node) probeLoop(ctx context.Context) {
-	client := n.peerClient(probeTimeout)
-	defer client.CloseIdleConnections()
+	client := &http.Client{Timeout: probeTimeout}
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {

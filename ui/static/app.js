@@ -1,0 +1,432 @@
+// mqd console: reads the HTTP API every few seconds and renders it.
+// Plain JavaScript, no build step. All data goes into the page through
+// textContent (never as HTML). The only state kept is the bearer token,
+// in sessionStorage (this tab only).
+"use strict";
+
+const REFRESH_MS = 3000;
+const DLQ_PAGE = 50;
+const TOKEN_KEY = "mqd-token";
+
+const state = {
+  topic: null,        // selected topic
+  group: null,        // selected group (its dead letters are shown)
+  dlqAfter: 0,        // the dead-letter page shown starts after this id
+  dlqNext: null,      // next page's "after", null on the last page
+  rates: new Map(),   // topic -> {t, sum, rate}: publish rate from successive readings
+  rendered: new Map(),// table id -> last rendered data, to skip unchanged redraws
+  openHistory: new Set(), // dead-letter ids whose history is unfolded
+  busy: false,
+  topics: [],
+};
+
+const $ = (sel) => document.querySelector(sel);
+
+// el builds an element: el("td", {class: "num"}, "text", child, ...).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "class") e.className = v;
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) {
+    if (c === undefined || c === null) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+// api calls the HTTP API; an error answer throws with its status and code.
+async function api(method, path, body) {
+  const headers = {};
+  const t = token();
+  if (t) headers["Authorization"] = "Bearer " + t;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, {
+    method, headers, cache: "no-store",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { /* not JSON */ }
+  if (!r.ok) {
+    const e = new Error(data && data.error ? data.error.message : `${r.status} ${r.statusText}`);
+    e.status = r.status;
+    e.code = data && data.error ? data.error.code : "";
+    throw e;
+  }
+  return data;
+}
+
+const enc = encodeURIComponent;
+const groupPath = (t, g) => `/v1/topics/${enc(t)}/groups/${enc(g)}`;
+
+// ---- formatting ----
+
+function fmtInt(n) { return Number(n || 0).toLocaleString("en-US"); }
+
+function fmtBytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n || 0), i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return (i === 0 ? v : v.toFixed(1)) + " " + units[i];
+}
+
+function fmtRate(r) {
+  if (r === undefined) return "—";
+  return (r >= 100 ? Math.round(r).toLocaleString("en-US") : r.toFixed(1)) + "/s";
+}
+
+// fmtContact: ms since the answering node heard from a node (-1: never).
+function fmtContact(ms) {
+  if (ms === undefined || ms === null) return "";
+  if (ms < 0) return "never";
+  if (ms === 0) return "—";
+  return ms < 10000 ? `${fmtInt(ms)} ms ago` : `${Math.round(ms / 1000)} s ago`;
+}
+
+function fmtTime(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  if (isNaN(d)) return iso;
+  const pad = (x) => String(x).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function fmtAgo(iso) {
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (isNaN(s)) return "";
+  if (s < 60) return `${Math.round(s)} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)} h ago`;
+  return `${(s / 86400).toFixed(1)} d ago`;
+}
+
+// preview shows a payload as text when it is UTF-8, else its size and
+// first bytes in hex.
+function preview(b64) {
+  let bytes;
+  try { bytes = Uint8Array.from(atob(b64 || ""), (c) => c.charCodeAt(0)); } catch (_) { return "(not base64)"; }
+  try {
+    const s = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    return s.length > 200 ? s.slice(0, 200) + "…" : s;
+  } catch (_) {
+    const hex = Array.from(bytes.slice(0, 16), (b) => b.toString(16).padStart(2, "0")).join(" ");
+    return `binary, ${bytes.length} bytes: ${hex}${bytes.length > 16 ? " …" : ""}`;
+  }
+}
+
+// ---- banner, confirmation ----
+
+function banner(text, kind) {
+  const b = $("#banner");
+  if (!text) { b.hidden = true; b.textContent = ""; return; }
+  b.className = kind || "";
+  b.textContent = text;
+  b.hidden = false;
+}
+
+function explain(e, what) {
+  if (e.status === 401) {
+    $("#token").focus();
+    return "This node requires a token: paste one above (it is kept in this browser tab only).";
+  }
+  if (e.status === 403) return `The token may not ${what}: ${e.message}`;
+  return `Could not ${what}: ${e.message}`;
+}
+
+// confirmAction asks in a modal dialog; it resolves true on Confirm.
+function confirmAction(text, okLabel) {
+  return new Promise((resolve) => {
+    const d = $("#confirm");
+    $("#confirm-text").textContent = text;
+    $("#confirm-ok").textContent = okLabel || "Confirm";
+    d.returnValue = "";
+    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+    d.showModal();
+  });
+}
+
+// ---- rendering ----
+
+// replaceRows swaps a table's body, unless its data did not change.
+function replaceRows(tableSel, data, rows) {
+  const key = JSON.stringify(data);
+  if (state.rendered.get(tableSel) === key) return;
+  state.rendered.set(tableSel, key);
+  $(tableSel + " tbody").replaceChildren(...rows);
+}
+
+function fact(label, value) { return el("div", {}, el("b", {}, value), el("span", {}, label)); }
+
+function renderCluster(c) {
+  const leader = c.leader ? c.leader.id : null;
+  $("#node-summary").textContent = `node ${c.self} · leader ${leader || "none"}`;
+  $("#cluster-facts").replaceChildren(
+    fact("leader", leader || "none"),
+    fact("nodes", c.nodes.length),
+    fact("commit index", fmtInt(c.commit_index)),
+    fact("applied index", fmtInt(c.applied_index)),
+    fact("last snapshot index", fmtInt(c.last_snapshot_index)),
+  );
+  replaceRows("#nodes", c, c.nodes.map((n) => el("tr", { "data-node": n.id },
+    el("td", {}, n.id, n.id === c.self ? el("span", { class: "muted" }, " (answering)") : null),
+    el("td", {}, el("span", { class: "state " + n.state }, n.state)),
+    el("td", {}, n.voter === false ? "no" : "yes"),
+    el("td", { class: "num" }, fmtContact(n.last_contact_ms)),
+    el("td", { class: "num" }, n.commit_index === undefined ? "" : fmtInt(n.commit_index)),
+    el("td", { class: "num" }, n.applied_index === undefined ? "" : fmtInt(n.applied_index)),
+    el("td", { class: "mono" }, n.http_addr || ""),
+    el("td", { class: "mono" }, n.raft_addr || ""),
+  )));
+}
+
+function clusterUnavailable(e) {
+  $("#node-summary").textContent = e.status === 403 ? "cluster view needs the monitor permission" : "cluster unavailable";
+  $("#cluster-facts").replaceChildren(el("div", { class: "muted" }, explain(e, "read the cluster")));
+  replaceRows("#nodes", null, []);
+}
+
+// updateRates computes each topic's publish rate from the growth of its
+// partitions' next offsets between two readings.
+function updateRates(topics) {
+  const now = performance.now();
+  const seen = new Set();
+  for (const t of topics) {
+    seen.add(t.name);
+    const sum = (t.partitions || []).reduce((a, p) => a + Number(p.next_offset), 0);
+    const prev = state.rates.get(t.name);
+    let rate = prev ? prev.rate : undefined;
+    if (prev && now > prev.t && sum >= prev.sum) rate = (sum - prev.sum) / ((now - prev.t) / 1000);
+    if (prev && sum < prev.sum) rate = undefined; // deleted and recreated
+    state.rates.set(t.name, { t: now, sum, rate });
+  }
+  for (const k of state.rates.keys()) if (!seen.has(k)) state.rates.delete(k);
+}
+
+function groupsOf(t) { return Object.entries(t.groups || {}).sort(([a], [b]) => a.localeCompare(b)); }
+
+function renderTopics(topics) {
+  state.topics = topics;
+  updateRates(topics);
+  $("#no-topics").hidden = topics.length > 0;
+  const rows = topics.map((t) => {
+    const dlq = groupsOf(t).reduce((a, [, g]) => a + Number(g.dlq), 0);
+    return el("tr", {
+      class: "selectable" + (t.name === state.topic ? " selected" : ""), "data-topic": t.name,
+      onclick: () => selectTopic(t.name),
+    },
+    el("td", {}, el("b", {}, t.name)),
+    el("td", { class: "num" }, (t.partitions || []).length),
+    el("td", { class: "num" }, fmtInt(t.messages)),
+    el("td", { class: "num" }, fmtBytes(t.bytes)),
+    el("td", { class: "num rate" }, fmtRate(state.rates.get(t.name).rate)),
+    el("td", { class: "num" }, groupsOf(t).length),
+    el("td", { class: "num" + (dlq > 0 ? " warn" : "") }, fmtInt(dlq)));
+  });
+  const shown = topics.map((t) => [t, state.rates.get(t.name).rate, state.topic]);
+  replaceRows("#topic-table", shown, rows);
+  renderTopicDetail();
+}
+
+function renderTopicDetail() {
+  const t = state.topics.find((x) => x.name === state.topic);
+  $("#topic-detail").hidden = !t;
+  if (!t) return;
+  $("#detail-name").textContent = t.name;
+  const c = t.config || {};
+  $("#topic-facts").replaceChildren(
+    fact("messages", fmtInt(t.messages)), fact("bytes", fmtBytes(t.bytes)),
+    fact("publish rate", fmtRate(state.rates.get(t.name).rate)),
+    fact("max retry", c.max_retry), fact("ack timeout", `${fmtInt(c.ack_timeout_ms)} ms`),
+    fact("retention", c.retention_ms ? `${fmtInt(c.retention_ms)} ms` : "until acked"),
+    fact("overflow", c.overflow || ""),
+  );
+  replaceRows("#partition-table", t.partitions, (t.partitions || []).map((p) => el("tr", {},
+    el("td", { class: "num" }, p.partition), el("td", { class: "num" }, fmtInt(p.first_offset)),
+    el("td", { class: "num" }, fmtInt(p.next_offset)), el("td", { class: "num" }, fmtInt(p.messages)))));
+  const groups = groupsOf(t);
+  $("#no-groups").hidden = groups.length > 0;
+  replaceRows("#group-table", [groups, state.group], groups.map(([name, g]) => el("tr", {
+    class: "selectable" + (name === state.group ? " selected" : ""), "data-group": name,
+    onclick: () => selectGroup(name),
+  },
+  el("td", {}, el("b", {}, name)),
+  el("td", { class: "num" }, fmtInt(g.backlog)),
+  el("td", { class: "num" }, fmtInt(g.in_flight)),
+  el("td", { class: "num" }, fmtInt(g.delayed)),
+  el("td", { class: "num" + (Number(g.dlq) > 0 ? " warn" : "") }, fmtInt(g.dlq)),
+  el("td", { class: "num" }, fmtInt(g.replay_pending)),
+  el("td", { class: "num" }, fmtInt(g.acked)),
+  el("td", { class: "num" }, fmtInt(g.duplicates_skipped)),
+  el("td", {}, el("button", { type: "button", class: "quiet show-dlq" }, "Dead letters")))));
+}
+
+function historyList(d) {
+  return el("ul", { class: "history" }, ...(d.history || []).map((h) => el("li", {},
+    el("span", { class: "kind " + h.kind }, h.kind),
+    el("span", { class: "mono", title: h.at }, fmtTime(h.at)),
+    h.node ? el("span", { class: "muted" }, ` on ${h.node}`) : null,
+    h.reason ? el("div", {}, h.reason) : null)));
+}
+
+function renderDLQ(page) {
+  const letters = page.dead_letters || [];
+  $("#no-dlq").hidden = letters.length > 0;
+  $("#dlq-older").hidden = page.next_after === null || page.next_after === undefined;
+  $("#dlq-first").hidden = state.dlqAfter === 0;
+  $("#replay-all").disabled = letters.length === 0;
+  replaceRows("#dlq-table", [letters, [...state.openHistory]], letters.map((d) => {
+    const details = el("details", {
+      open: state.openHistory.has(d.id),
+      ontoggle: (ev) => { if (ev.target.open) state.openHistory.add(d.id); else state.openHistory.delete(d.id); },
+    }, el("summary", {}, `history (${(d.history || []).length})`), historyList(d));
+    return el("tr", { "data-dlq-id": d.id },
+      el("td", { class: "num" }, d.id),
+      el("td", { class: "mono" }, `p${d.partition} @ ${d.offset}`),
+      el("td", { class: "mono" }, d.idempotency_key || ""),
+      el("td", { class: "value mono" }, preview(d.value_b64)),
+      el("td", {}, el("div", { class: "reason" }, d.reject_reason || ""), details),
+      el("td", { class: "num" }, d.retry_count),
+      el("td", { title: d.dead_at }, fmtAgo(d.dead_at)),
+      el("td", {},
+        el("button", { type: "button", class: "replay", onclick: () => replay(d) }, "Replay"), " ",
+        el("button", { type: "button", class: "danger delete", onclick: () => discard(d) }, "Delete")));
+  }));
+}
+
+// ---- selection ----
+
+function saveHash() {
+  const p = new URLSearchParams();
+  if (state.topic) p.set("topic", state.topic);
+  if (state.group) p.set("group", state.group);
+  history.replaceState(null, "", p.toString() ? "#" + p.toString() : location.pathname);
+}
+
+function selectTopic(name) {
+  if (state.topic !== name) { state.group = null; $("#dlq").hidden = true; }
+  state.topic = name;
+  saveHash();
+  renderTopics(state.topics);
+}
+
+function selectGroup(name) {
+  state.group = name;
+  state.dlqAfter = 0;
+  state.openHistory.clear();
+  state.rendered.delete("#dlq-table");
+  saveHash();
+  renderTopicDetail();
+  loadDLQ();
+}
+
+async function loadDLQ() {
+  const t = state.topic, g = state.group;
+  if (!t || !g) { $("#dlq").hidden = true; return; }
+  $("#dlq").hidden = false;
+  $("#dlq-name").textContent = `${t} / ${g}`;
+  try {
+    const page = await api("GET", `${groupPath(t, g)}/dlq?limit=${DLQ_PAGE}&after=${state.dlqAfter}`);
+    if (t !== state.topic || g !== state.group) return;
+    state.dlqNext = page.next_after;
+    renderDLQ(page);
+  } catch (e) {
+    if (e.code === "group_not_found" || e.code === "topic_not_found") {
+      state.group = null; saveHash(); $("#dlq").hidden = true; return;
+    }
+    banner(explain(e, "list dead letters"));
+  }
+}
+
+// ---- actions ----
+
+async function replay(d) {
+  const t = state.topic, g = state.group;
+  const ok = await confirmAction(`Replay dead letter ${d.id} of ${t} / ${g}? It goes back into the group's delivery with its retry count reset.`, "Replay");
+  if (!ok) return;
+  try {
+    const r = await api("POST", `${groupPath(t, g)}/dlq/replay`, { ids: [d.id] });
+    banner(`Replay of dead letter ${d.id} accepted (${r.accepted}).`, "info");
+  } catch (e) { banner(explain(e, "replay")); }
+  refresh();
+}
+
+async function discard(d) {
+  const t = state.topic, g = state.group;
+  const ok = await confirmAction(`Delete dead letter ${d.id} of ${t} / ${g}? The message is discarded for this group; this cannot be undone.`, "Delete");
+  if (!ok) return;
+  try {
+    await api("DELETE", `${groupPath(t, g)}/dlq/${d.id}`);
+    banner(`Dead letter ${d.id} deleted.`, "info");
+  } catch (e) { banner(explain(e, "delete")); }
+  refresh();
+}
+
+async function replayAll() {
+  const t = state.topic, g = state.group;
+  const ok = await confirmAction(`Replay every dead letter of ${t} / ${g} (at 100 per second)?`, "Replay all");
+  if (!ok) return;
+  try {
+    const r = await api("POST", `${groupPath(t, g)}/dlq/replay`, { all: true });
+    banner(`Replay of ${r.accepted} dead letters accepted; they go back at ${r.rate_per_sec}/s.`, "info");
+  } catch (e) { banner(explain(e, "replay")); }
+  refresh();
+}
+
+// ---- refresh loop ----
+
+async function refresh() {
+  if (state.busy) return;
+  state.busy = true;
+  try {
+    const [cl, tl] = await Promise.allSettled([api("GET", "/v1/cluster"), api("GET", "/v1/topics")]);
+    if (cl.status === "fulfilled") renderCluster(cl.value); else clusterUnavailable(cl.reason);
+    if (tl.status === "fulfilled") {
+      renderTopics(tl.value.topics || []);
+      if (state.topic && !state.topics.some((t) => t.name === state.topic)) { state.topic = state.group = null; saveHash(); }
+      await loadDLQ();
+      const b = $("#banner");
+      if (!b.hidden && b.className !== "info") banner("");
+    } else {
+      banner(explain(tl.reason, "list topics"));
+    }
+    $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } finally {
+    state.busy = false;
+  }
+}
+
+function init() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  state.topic = p.get("topic");
+  state.group = p.get("group");
+  $("#token").value = token();
+  $("#token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const v = $("#token").value.trim();
+    if (v) sessionStorage.setItem(TOKEN_KEY, v); else sessionStorage.removeItem(TOKEN_KEY);
+    banner("");
+    state.rendered.clear();
+    refresh();
+  });
+  $("#token-clear").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("#token").value = "";
+    state.rendered.clear();
+    refresh();
+  });
+  $("#replay-all").addEventListener("click", replayAll);
+  $("#dlq-close").addEventListener("click", () => { state.group = null; saveHash(); $("#dlq").hidden = true; renderTopicDetail(); });
+  $("#dlq-older").addEventListener("click", () => { if (state.dlqNext !== null) { state.dlqAfter = state.dlqNext; loadDLQ(); } });
+  $("#dlq-first").addEventListener("click", () => { state.dlqAfter = 0; loadDLQ(); });
+  setInterval(() => { if ($("#auto").checked && !$("#confirm").open) refresh(); }, REFRESH_MS);
+  refresh();
+}
+
+document.addEventListener("DOMContentLoaded", init);
