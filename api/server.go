@@ -178,7 +178,9 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	defer cancel()
 	r.ctx = rctx
 	for {
-		if s.node.IsLeader() {
+		// A leader handing off (graceful stop) takes no new work: the
+		// request waits for the new leader and is forwarded there.
+		if s.node.IsLeader() && !s.node.HandingOff() {
 			if !s.node.Serving() {
 				// Newly elected: wait until it has applied the log before it.
 				if err := pause(rctx, 5*time.Millisecond); err != nil {
@@ -195,7 +197,10 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 		if !s.node.WaitLeader(rctx) {
 			return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
 		}
-		if s.node.IsLeader() {
+		if s.node.IsLeader() { // elected meanwhile, or handing off
+			if err := pause(rctx, 5*time.Millisecond); err != nil {
+				return fmt.Errorf("%w: leadership is being handed off", raftfsm.ErrNotLeader)
+			}
 			continue
 		}
 		err := s.forward(rctx, ctx)

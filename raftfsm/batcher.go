@@ -74,6 +74,10 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
+	if err := n.enter(); err != nil {
+		return nil, err
+	}
+	defer n.leave()
 	// Encoded here, in the caller's goroutine: the many callers encode in
 	// parallel rather than the batcher one after the other, and once this
 	// returns nothing refers to the caller's buffers (a publish's value may

@@ -78,6 +78,8 @@ type Node struct {
 	disk     *diskGuard
 	clock    *clock
 	peers    peers
+	handoff  atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
+	inflight atomic.Int64 // proposals between enter and leave
 	hadState bool
 	logger   *slog.Logger
 	batch    *batcher
@@ -231,6 +233,10 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 // Apply proposes a command on the leader and waits for it to be committed
 // on a majority and applied here, or for ctx to end.
 func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
+	if err := n.enter(); err != nil {
+		return nil, err
+	}
+	defer n.leave()
 	f, err := n.propose(ctx, c.Encode())
 	if err != nil {
 		return nil, err
@@ -265,7 +271,7 @@ func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*Result, error) {
 	}
 	if err := f.Error(); err != nil {
 		switch {
-		case errors.Is(err, raft.ErrNotLeader):
+		case errors.Is(err, raft.ErrNotLeader) || isTransferring(err):
 			return nil, ErrNotLeader
 		case errors.Is(err, raft.ErrRaftShutdown):
 			return nil, ErrShutdown

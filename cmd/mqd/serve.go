@@ -190,9 +190,12 @@ func run(o *options) error {
 	go reloadOnHUP(ctx, logger, tokens, certs)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	go node.Run(ctx)
+	// The node runs until the HTTP server has stopped, past the signal.
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	go node.Run(runCtx)
 	go func() {
-		if err := node.Form(ctx, splitList(o.join), o.bootstrapExpect); err != nil && ctx.Err() == nil {
+		if err := node.Form(runCtx, splitList(o.join), o.bootstrapExpect); err != nil && runCtx.Err() == nil {
 			logger.Error("forming cluster", "err", err)
 		}
 	}()
@@ -203,14 +206,31 @@ func run(o *options) error {
 		node.Shutdown()
 		return fmt.Errorf("http: %w", err)
 	}
+	// Graceful stop, within stopTimeout: a leader hands leadership off
+	// first while it still serves HTTP (what arrives meanwhile is forwarded
+	// to the new leader); then the listener closes and the requests in
+	// flight finish; then raft stops.
 	logger.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	start := time.Now()
+	hctx, hcancel := context.WithTimeout(context.Background(), handOffTimeout)
+	node.HandOff(hctx)
+	hcancel()
+	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout-time.Since(start))
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		logger.Warn("http shutdown", "err", err)
 	}
-	return node.Shutdown()
+	stopRun()
+	err = node.Shutdown()
+	logger.Info("stopped", "took", time.Since(start))
+	return err
 }
+
+// Graceful stop bounds: the hand-off, then everything.
+const (
+	handOffTimeout = 4 * time.Second
+	stopTimeout    = 8 * time.Second
+)
 
 func splitList(s string) []string {
 	var out []string
