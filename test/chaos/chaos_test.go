@@ -22,6 +22,7 @@ var (
 	trailFlag    = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps the whole log for forensics")
 	noReplayFlag = flag.Bool("chaos.no-replay", false, "no DLQ replays in the workload")
 	soakFlag     = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
+	tlsFlag      = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
 )
 
 // configFor is the run configuration from the flags.
@@ -52,9 +53,13 @@ func TestChaos(t *testing.T) {
 	}
 	for i := range *runsFlag {
 		seed := *seedFlag + int64(i)
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			Run(t, configFor(t, seed, *durationFlag))
-		})
+		cfg := configFor(t, seed, *durationFlag)
+		cfg.TLS = useTLS(t, i)
+		name := fmt.Sprintf("seed=%d", seed)
+		if cfg.TLS {
+			name += ",tls"
+		}
+		t.Run(name, func(t *testing.T) { Run(t, cfg) })
 	}
 }
 
@@ -65,6 +70,21 @@ func TestSoak(t *testing.T) {
 	}
 	cfg := configFor(t, *seedFlag, *soakFlag)
 	cfg.Soak = true
+	cfg.TLS = useTLS(t, 0)
 	cfg.DrainTimeout = 5 * time.Minute
 	Run(t, cfg)
+}
+
+// useTLS says whether run i of this process uses TLS (-chaos.tls).
+func useTLS(t *testing.T, i int) bool {
+	switch *tlsFlag {
+	case "on":
+		return true
+	case "off":
+		return false
+	case "alt":
+		return i%2 == 1
+	}
+	t.Fatalf("-chaos.tls %q: want on, off or alt", *tlsFlag)
+	return false
 }

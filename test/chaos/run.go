@@ -34,6 +34,7 @@ type Config struct {
 	TrailingLogs      int      // --trailing-logs (0: half the threshold)
 	NoReplay          bool     // no DLQ replays in the workload
 	Soak              bool     // a TestSoak run (for the reproduce line)
+	TLS               bool     // nodes with certificates: HTTPS, mutual TLS for raft and node-to-node HTTP
 }
 
 // DefaultConfig is the CI shape of a run with the given seed and length.
@@ -65,11 +66,16 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if cfg.TrailingLogs != 0 {
 		extra += fmt.Sprintf(" -chaos.trailing-logs %d", cfg.TrailingLogs)
 	}
+	if cfg.TLS {
+		extra += " -chaos.tls on"
+	} else {
+		extra += " -chaos.tls off"
+	}
 	repro := fmt.Sprintf("go test ./test/chaos/ -run TestChaos -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
 	if cfg.Soak {
 		repro = fmt.Sprintf("go test ./test/chaos/ -run TestSoak -soak %v -chaos.seed %d%s -timeout %v -v", cfg.Duration, cfg.Seed, extra, cfg.Duration+20*time.Minute)
 	}
-	t.Logf("chaos run: seed %d, %v of faults (reproduce: %s)", cfg.Seed, cfg.Duration, repro)
+	t.Logf("chaos run: seed %d, %v of faults, TLS %v (reproduce: %s)", cfg.Seed, cfg.Duration, cfg.TLS, repro)
 	began := time.Now()
 
 	// Proxies first, so that their cleanup runs after the nodes are killed.
@@ -108,7 +114,15 @@ func Run(t *testing.T, cfg Config) *Figures {
 		proxies[id] = p
 	}
 	client := tc.NewClient(reqTimeout, 64)
-	c := tc.Start(t, 3,
+	var tlsOpt []tc.Option
+	if cfg.TLS {
+		// The proxies pass raft's TLS through untouched: they advertise
+		// 127.0.0.1, which the test certificates name.
+		ca := tc.NewCA(t, "chaos-ca")
+		client = tc.NewTLSClient(reqTimeout, 64, ca.Pool(), nil)
+		tlsOpt = append(tlsOpt, tc.WithTLS(ca))
+	}
+	c := tc.Start(t, 3, append(tlsOpt,
 		tc.WithClient(client),
 		tc.WithReadyTimeout(60*time.Second),
 		tc.WithLogTail(120),
@@ -120,7 +134,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 			nodes[n.ID()] = n
 			nodesMu.Unlock()
 			return []string{"--raft-advertise-addr", p.Addr()}
-		}))
+		}))...)
 	if cfg.Keep != "" {
 		t.Cleanup(func() {
 			if t.Failed() {
