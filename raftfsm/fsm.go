@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -69,11 +70,14 @@ var (
 	bktMeta    = []byte("meta")
 	bktNodes   = []byte("nodes")
 	keyApplied = []byte("applied_index")
+	keyTerm    = []byte("applied_term")
 )
 
-// FSM is the state machine over a bbolt database. The database is a cache
-// of the latest snapshot plus the raft log after it: it is opened without
-// fsync and rebuilt from scratch every time the node starts.
+// FSM is the state machine over a bbolt database. Every applied batch is
+// one bbolt transaction that also records the last applied raft index and
+// term, so the file is opened as it is at start and raft replays only the
+// entries after it. It is written without fsync; fsmstate.go says when it
+// is trusted after a crash.
 type FSM struct {
 	path   string
 	logger *slog.Logger
@@ -93,7 +97,10 @@ type FSM struct {
 	mu      sync.RWMutex // guards db against Restore's swap
 	db      *bolt.DB
 	applied atomic.Uint64
-	cfgGen  atomic.Uint64
+	// opened is the applied index found at open: raft replays entries from
+	// its last snapshot on, and those up to here are already in the file.
+	opened uint64
+	cfgGen atomic.Uint64
 	// logBytes counts the bytes of raft entries applied since start;
 	// snapBytes is its value at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
@@ -134,11 +141,25 @@ var boltOpts = &bolt.Options{
 	InitialMmapSize: 1 << 30,
 }
 
-// OpenFSM creates an empty state machine at path, removing whatever was
-// there: raft restores the latest snapshot and replays the log into it.
+// OpenFSM opens the state machine at path as it is, if it can be trusted
+// (fsmstate.go); otherwise it starts empty, and raft restores the latest
+// snapshot and replays the log into it.
 func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale fsm: %w", err)
+	trusted, why, err := fsmTrusted(path)
+	if err != nil {
+		return nil, err
+	}
+	if !trusted {
+		for _, p := range []string{path, path + ".restore"} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("remove untrusted fsm: %w", err)
+			}
+		}
+	}
+	// Durably "open" before the first write: a power loss from here on
+	// must find the file untrusted.
+	if err := writeFSMState(path, stateOpenPfx+bootID()); err != nil {
+		return nil, fmt.Errorf("fsm state: %w", err)
 	}
 	f := &FSM{path: path, logger: logger}
 	db, err := openDB(path)
@@ -146,8 +167,35 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 		return nil, err
 	}
 	f.db = db
+	index, term := f.storedApplied()
+	f.applied.Store(index)
+	f.opened = index
+	if trusted {
+		logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", why)
+	} else {
+		logger.Info("state machine starts empty: it is rebuilt from the latest snapshot and the raft log", "why", why)
+	}
 	return f, nil
 }
+
+// storedApplied reads the applied index and term recorded in the file.
+func (f *FSM) storedApplied() (index, term uint64) {
+	_ = f.db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bktMeta)
+		if v := m.Get(keyApplied); len(v) == 8 {
+			index = binary.BigEndian.Uint64(v)
+		}
+		if v := m.Get(keyTerm); len(v) == 8 {
+			term = binary.BigEndian.Uint64(v)
+		}
+		return nil
+	})
+	return index, term
+}
+
+// OpenedIndex is the applied index the file held when it was opened (0 if
+// it started empty).
+func (f *FSM) OpenedIndex() uint64 { return f.opened }
 
 func openDB(path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, boltOpts)
@@ -175,11 +223,21 @@ func openDB(path string) (*bolt.DB, error) {
 	return db, nil
 }
 
-// Close closes the database.
+// Close fsyncs and closes the database and records the clean close.
 func (f *FSM) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.db.Close()
+	if err := f.db.Sync(); err != nil {
+		f.db.Close()
+		return fmt.Errorf("close fsm: sync: %w", err)
+	}
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("close fsm: %w", err)
+	}
+	if err := writeFSMState(f.path, stateClean); err != nil {
+		return fmt.Errorf("close fsm: %w", err)
+	}
+	return nil
 }
 
 // View runs fn in a read transaction of the current state.
@@ -196,15 +254,21 @@ func (f *FSM) AppliedIndex() uint64 { return f.applied.Load() }
 func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l})[0] }
 
 // ApplyBatch implements raft.BatchingFSM: the whole batch is one bbolt
-// transaction, with the applied index written in it.
+// transaction, with the applied index and term written in it. Entries at
+// or below the applied index are already in the file (raft replays from
+// its last snapshot at start) and are skipped.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
+	last := logs[len(logs)-1]
+	if last.Index <= f.applied.Load() {
+		return out
+	}
 	ev := &Events{Topics: map[string]struct{}{}, Tallies: map[TopicGroup]*group.Tally{}}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	err := f.db.Update(func(tx *bolt.Tx) error {
 		for i, l := range logs {
-			if l.Type != raft.LogCommand {
+			if l.Type != raft.LogCommand || l.Index <= f.applied.Load() {
 				continue
 			}
 			cmd, err := DecodeCommand(l.Data)
@@ -214,8 +278,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			out[i] = f.applyOne(tx, l.Index, cmd, ev)
 		}
-		last := logs[len(logs)-1].Index
-		return tx.Bucket(bktMeta).Put(keyApplied, mlog.U64Key(last))
+		m := tx.Bucket(bktMeta)
+		if err := m.Put(keyApplied, mlog.U64Key(last.Index)); err != nil {
+			return err
+		}
+		return m.Put(keyTerm, mlog.U64Key(last.Term))
 	})
 	if err != nil {
 		stopOnStorageError(f.logger, logs[len(logs)-1].Index, err)
@@ -319,7 +386,10 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 func (s *snapshot) Release() { _ = s.tx.Rollback() }
 
 // Restore implements raft.FSM: the snapshot is a whole bbolt file, which
-// replaces the current database.
+// replaces the current database atomically: it is written to a temporary
+// file, fsynced, and renamed over fsm.db (then the directory is fsynced).
+// A crash before the rename leaves the old file, whose applied index is
+// below the snapshot's, so the next start restores the snapshot again.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	tmp := f.path + ".restore"
@@ -330,6 +400,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if _, err := io.Copy(w, rc); err != nil {
 		w.Close()
 		return fmt.Errorf("restore copy: %w", err)
+	}
+	if err := w.Sync(); err != nil {
+		w.Close()
+		return fmt.Errorf("restore sync: %w", err)
 	}
 	if err := w.Close(); err != nil {
 		return fmt.Errorf("restore close: %w", err)
@@ -342,6 +416,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := os.Rename(tmp, f.path); err != nil {
 		return fmt.Errorf("restore rename: %w", err)
 	}
+	if err := syncDir(filepath.Dir(f.path)); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	db, err := openDB(f.path)
 	if err != nil {
 		return err
@@ -350,13 +427,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.snapBytes.Store(f.logBytes.Load())
-	var applied uint64
-	_ = db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bktMeta).Get(keyApplied); len(v) == 8 {
-			applied = binary.BigEndian.Uint64(v)
-		}
-		return nil
-	})
+	applied, _ := f.storedApplied()
 	f.applied.Store(applied)
 	if f.Notify != nil {
 		all := map[string]struct{}{}

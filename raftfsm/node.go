@@ -91,8 +91,8 @@ type Node struct {
 }
 
 // Open starts a node: raft log on raft-wal (or raft-boltdb), stable store
-// in raft.db, file snapshots, TCP transport, and an FSM rebuilt from the
-// latest snapshot and the log.
+// in raft.db, file snapshots, TCP transport, and the FSM as it was left
+// (fsm.db), to which raft applies the log entries it does not hold yet.
 func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -122,18 +122,22 @@ func Open(cfg Config) (*Node, error) {
 	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
 	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
 	if err != nil {
-		fsm.Close()
+		n.closeStores()
 		return nil, err
 	}
 	if n.stores.kind == LogStoreWAL {
 		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
 	}
 	// Entries up to the log's end were applied before this start: replaying
-	// them must not count on /metrics again.
+	// them must not count on /metrics again. A state machine opened as it
+	// was skips what it holds, and applies (and counts) only what is newer.
 	last, err := n.stores.log.LastIndex()
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
+	}
+	if o := fsm.OpenedIndex(); o > 0 {
+		last = o
 	}
 	fsm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
@@ -176,6 +180,12 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
+	rc.NoSnapshotRestoreOnStart, err = n.fsmCoversSnapshot(snaps)
+	if err != nil {
+		n.trans.Close()
+		n.closeStores()
+		return nil, err
+	}
 	installRaftSink()
 	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.stores.stable, snaps, n.trans)
 	if err != nil {
@@ -192,6 +202,26 @@ func Open(cfg Config) (*Node, error) {
 		return false
 	}))
 	return n, nil
+}
+
+// fsmCoversSnapshot reports whether the state machine, as opened, already
+// holds the latest snapshot, so raft need not restore it at start and
+// replays only the log after it (ApplyBatch skips what the file holds).
+// It does not when fsm.db started empty, or when a crash came between
+// raft storing an installed snapshot and Restore replacing the file.
+func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
+	list, err := snaps.List()
+	if err != nil {
+		return false, fmt.Errorf("snapshot store: %w", err)
+	}
+	if len(list) == 0 {
+		return true, nil
+	}
+	covers := n.FSM.AppliedIndex() >= list[0].Index
+	if !covers {
+		n.logger.Info("restoring the latest snapshot at start", "snapshot_index", list[0].Index, "fsm_applied_index", n.FSM.AppliedIndex())
+	}
+	return covers, nil
 }
 
 func (n *Node) closeStores() {

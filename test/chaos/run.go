@@ -33,6 +33,7 @@ type Config struct {
 	SnapshotThreshold int      // --snapshot-threshold of the nodes
 	TrailingLogs      int      // --trailing-logs (0: half the threshold)
 	NoReplay          bool     // no DLQ replays in the workload
+	RaftLog           string   // --raft-log of the nodes ("": the default, wal)
 	Soak              bool     // a TestSoak run (for the reproduce line)
 	TLS               bool     // nodes with certificates: HTTPS, mutual TLS for raft and node-to-node HTTP
 }
@@ -70,6 +71,9 @@ func Run(t *testing.T, cfg Config) *Figures {
 		extra += " -chaos.tls on"
 	} else {
 		extra += " -chaos.tls off"
+	}
+	if cfg.RaftLog != "" {
+		extra += " -chaos.raft-log " + cfg.RaftLog
 	}
 	repro := fmt.Sprintf("go test ./test/chaos/ -run TestChaos -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
 	if cfg.Soak {
@@ -133,7 +137,11 @@ func Run(t *testing.T, cfg Config) *Figures {
 			nodesMu.Lock()
 			nodes[n.ID()] = n
 			nodesMu.Unlock()
-			return []string{"--raft-advertise-addr", p.Addr()}
+			args := []string{"--raft-advertise-addr", p.Addr()}
+			if cfg.RaftLog != "" {
+				args = append(args, "--raft-log", cfg.RaftLog)
+			}
+			return args
 		}))...)
 	if cfg.Keep != "" {
 		t.Cleanup(func() {

@@ -1,0 +1,95 @@
+package raftfsm
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// openAt opens the FSM at path and returns a harness continuing at its
+// applied index.
+func openAt(t *testing.T, path string) *harness {
+	t.Helper()
+	f, err := OpenFSM(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, f: f, idx: f.AppliedIndex(), notified: map[string]int{}}
+}
+
+// crash leaves the file the way a killed process does: committed, not
+// fsynced, never closed by the FSM.
+func (h *harness) crash() {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	h.f.db.Close()
+}
+
+func setNode(id string) *Command {
+	return &Command{Op: OpSetNode, Node: NodeInfo{ID: id, HTTPAddr: "h-" + id, RaftAddr: "r-" + id}}
+}
+
+// After a process crash or a clean close the FSM opens as it was, with its
+// applied index and term, and skips the entries raft replays up to it; after
+// a power loss (a boot id other than the one it was opened in) it starts
+// empty, to be rebuilt from the snapshot and the log.
+func TestFSMReopens(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fsm.db")
+	bootIDPath = filepath.Join(dir, "boot_id")
+	t.Cleanup(func() { bootIDPath = "/proc/sys/kernel/random/boot_id" })
+	boot := func(id string) {
+		if err := os.WriteFile(bootIDPath, []byte(id+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	boot("boot-1")
+
+	h := openAt(t, path)
+	h.must(setNode("n1"))
+	h.must(setNode("n2"))
+	h.crash()
+
+	h = openAt(t, path)
+	if got := h.f.AppliedIndex(); got != 2 {
+		t.Fatalf("after a crash: applied index %d, want 2", got)
+	}
+	if _, term := h.f.storedApplied(); term != 1 {
+		t.Fatalf("after a crash: applied term %d, want 1", term)
+	}
+	if len(h.f.Nodes()) != 2 {
+		t.Fatalf("after a crash: nodes %v, want n1 and n2", h.f.Nodes())
+	}
+	// raft replays from its last snapshot: entries 1..2 are in the file and
+	// must not be applied again (a different command at index 2 shows it).
+	out := h.f.ApplyBatch([]*raft.Log{
+		{Index: 2, Term: 1, Type: raft.LogCommand, Data: setNode("replayed").Encode()},
+		{Index: 3, Term: 1, Type: raft.LogCommand, Data: setNode("n3").Encode()},
+	})
+	if out[0] != nil || out[1] == nil {
+		t.Fatalf("replayed batch results %v: want nil for index 2 (skipped), a result for 3", out)
+	}
+	if n := h.f.Nodes(); len(n) != 3 || n["replayed"].ID != "" {
+		t.Fatalf("after replay: nodes %v, want n1..n3 only", n)
+	}
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	boot("boot-2") // a clean close survives a reboot
+	h = openAt(t, path)
+	if got := h.f.AppliedIndex(); got != 3 {
+		t.Fatalf("after a clean close and a reboot: applied index %d, want 3", got)
+	}
+	h.crash()
+
+	boot("boot-3") // open, then the machine stopped: the file may be torn
+	h = openAt(t, path)
+	defer h.f.Close()
+	if got, n := h.f.AppliedIndex(), len(h.f.Nodes()); got != 0 || n != 0 {
+		t.Fatalf("after a power loss: applied index %d, %d nodes; want an empty state", got, n)
+	}
+}
