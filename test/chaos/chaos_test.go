@@ -80,6 +80,7 @@ func TestKillRestart(t *testing.T) {
 			cfg := configFor(t, *seedFlag+100+int64(i), 20*time.Second)
 			cfg.Kinds = []string{faultKillLeader, faultKillFollower, faultKillAll}
 			cfg.RaftLog = store
+			cfg.TLS = useTLS(t, i)
 			Run(t, cfg)
 		})
 	}
