@@ -75,6 +75,7 @@ type route struct {
 	dlqID        string          // the path's {id}: a dead letter's, or a node's
 	id           *auth.Identity  // the caller's token; nil when auth is off
 	rest         string          // {name...}: the rest of the path
+	allow        string          // on ErrMethod: the path's methods
 	ctx          context.Context // the request's deadline, for leader routes
 }
 
@@ -138,6 +139,7 @@ type node struct {
 	pname  string
 	star   *node    // {name...}: the rest of the path
 	routes []*Route // by method
+	allow  string   // the routes' methods, for a 405's Allow header
 }
 
 type litChild struct {
@@ -166,6 +168,10 @@ func newRouter(table []Route) (*router, error) {
 			}
 		}
 		n.routes = append(n.routes, r)
+		if n.allow != "" {
+			n.allow += ", "
+		}
+		n.allow += r.Method
 		r.hasTopic = strings.Contains(r.Pattern, "/{topic}")
 		r.hasGroup = strings.Contains(r.Pattern, "/{group}")
 	}
@@ -230,7 +236,8 @@ func (rt *router) match(method []byte, path string, r *route) error {
 	if len(n.routes) == 0 {
 		return fmt.Errorf("%w: no route %s %s", ErrNotFound, method, path)
 	}
-	return fmt.Errorf("%w: %s %s", ErrMethod, method, path)
+	r.allow = n.allow
+	return fmt.Errorf("%w: %s %s (allowed: %s)", ErrMethod, method, path, n.allow)
 }
 
 func (n *node) lit(seg string) *node {

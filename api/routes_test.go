@@ -24,6 +24,7 @@ func TestRouterMatch(t *testing.T) {
 		err          error
 		topic, group string
 		id           string
+		allow        string // with ErrMethod
 	}{
 		{method: "GET", path: "/healthz", pattern: "/healthz"},
 		{method: "GET", path: "/v1/topics", pattern: "/v1/topics"},
@@ -43,11 +44,11 @@ func TestRouterMatch(t *testing.T) {
 		{method: "GET", path: "/debug/pprof/", pattern: "/debug/pprof/{profile...}"},
 		{method: "GET", path: "/debug/pprof/heap", pattern: "/debug/pprof/{profile...}"},
 		// A literal wins over a parameter: replay is not a dead letter id.
-		{method: "DELETE", path: "/v1/topics/t/groups/g/dlq/replay", err: ErrMethod},
-		{method: "PATCH", path: "/v1/topics/t", err: ErrMethod},
-		{method: "GET", path: "/v1/topics/t/groups/g", err: ErrMethod},
-		{method: "GET", path: "/v1/topics/t/messages", err: ErrMethod},
-		{method: "POST", path: "/healthz", err: ErrMethod},
+		{method: "DELETE", path: "/v1/topics/t/groups/g/dlq/replay", err: ErrMethod, allow: "POST"},
+		{method: "PATCH", path: "/v1/topics/t", err: ErrMethod, allow: "PUT, GET, DELETE"},
+		{method: "GET", path: "/v1/topics/t/groups/g", err: ErrMethod, allow: "PUT, DELETE"},
+		{method: "GET", path: "/v1/topics/t/messages", err: ErrMethod, allow: "POST"},
+		{method: "POST", path: "/healthz", err: ErrMethod, allow: "GET"},
 		{method: "GET", path: "/v1/nope", err: ErrNotFound},
 		{method: "GET", path: "/", err: ErrNotFound},
 		{method: "GET", path: "", err: ErrNotFound},
@@ -65,6 +66,9 @@ func TestRouterMatch(t *testing.T) {
 		if c.err != nil {
 			if !errors.Is(err, c.err) {
 				t.Errorf("%s %q: %v, want %v", c.method, c.path, err, c.err)
+			}
+			if c.allow != r.allow {
+				t.Errorf("%s %q: allow %q, want %q", c.method, c.path, r.allow, c.allow)
 			}
 			continue
 		}

@@ -135,6 +135,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if err != nil {
+		if r.allow != "" && errors.Is(err, ErrMethod) {
+			ctx.Response.Header.Set("Allow", r.allow)
+		}
 		writeError(ctx, err)
 	}
 	pattern := "unmatched" // the metrics' route label: a pattern, never a path

@@ -97,6 +97,15 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("GET /v1/openapi.yaml: %v %v", r, err)
 	}
 
+	// A known path with another method: 405 naming the allowed ones.
+	r, err = n.Do(ctx, http.MethodPatch, "/ui", nil, nil)
+	if err != nil {
+		t.Fatalf("PATCH /ui: %v", err)
+	}
+	if r.Status != 405 || r.Header.Get("Allow") != "GET" {
+		t.Errorf("PATCH /ui: %d, Allow %q, %s; want 405 with Allow: GET", r.Status, r.Header.Get("Allow"), r.Body)
+	}
+
 	mustTopic(t, n, topic, map[string]any{"partitions": 2})
 	mustPublish(t, n, topic, payload, map[string]string{"Idempotency-Key": "order-42"})
 	m, _ := rtFetchOne(t, n, topic, group, 10*time.Second, 60000)
@@ -182,6 +191,29 @@ func TestConsole(t *testing.T) {
 	}
 	if err := chromedp.Do(b, chromedp.WaitVisible(`#no-dlq`)); err != nil {
 		t.Errorf("the console still lists a dead letter after the replay: %v", err)
+	}
+
+	// The publish rate follows the offsets between two readings.
+	rate := `#topic-table tr[data-topic="` + topic + `"] td.rate`
+	if s := mustRun(t, b, chromedp.Text(rate)); s != "0.0/s" {
+		t.Errorf("publish rate with nothing published: %q, want 0.0/s", s)
+	}
+	for i := range 20 {
+		mustPublish(t, n, topic, fmt.Sprintf("rate %d", i), nil)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for s := ""; ; s = mustRun(t, b, chromedp.Text(rate)) {
+		if s != "" && s != "0.0/s" {
+			if !strings.HasSuffix(s, "/s") || !(s[0] >= '1' && s[0] <= '9' || strings.HasPrefix(s, "0.")) {
+				t.Errorf("publish rate after 20 publishes: %q", s)
+			}
+			t.Logf("publish rate after 20 publishes: %s", s)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish rate still %q 15 s after 20 publishes", s)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
