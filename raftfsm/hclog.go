@@ -40,6 +40,8 @@ var quieter = map[string]slog.Level{
 	"failed to make requestVote RPC":                            slog.LevelDebug,
 	"target does not support pre-vote RPC, treating as granted": slog.LevelDebug,
 	"appendEntries rejected, sending older logs":                slog.LevelDebug,
+	"failed to get previous log":                                slog.LevelDebug, // a follower behind the leader: raft backs up
+	"previous log term mis-match":                               slog.LevelInfo,  // log repair after a leader change
 
 	"heartbeat timeout reached, starting election":                      slog.LevelInfo,
 	"Election timeout reached, restarting election":                     slog.LevelInfo,
