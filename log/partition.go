@@ -76,8 +76,17 @@ func openPartition(tb *bolt.Bucket, p uint32) (*Partition, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Partition{b: pb, msgs: pb.Bucket(bktMsgs), Meta: m, ID: p}, nil
+	msgs := pb.Bucket(bktMsgs)
+	// Offsets only grow and trimming removes the oldest: leaves split
+	// full instead of half full (bbolt's default), so pages hold the
+	// payload once rather than twice (the setting lives on this handle).
+	msgs.FillPercent = msgsFillPercent
+	return &Partition{b: pb, msgs: msgs, Meta: m, ID: p}, nil
 }
+
+// msgsFillPercent is the message buckets' split threshold: bbolt's
+// maximum, for append-only keys.
+const msgsFillPercent = 1.0
 
 // Partitions returns the metadata of every partition of a topic.
 func Partitions(tx *bolt.Tx, topic string) ([]PartitionMeta, error) {

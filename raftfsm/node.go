@@ -147,6 +147,8 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
+	// Two snapshots: the latest and at most one older one (a snapshot is a
+	// whole copy of fsm.db, streamed from a bbolt read transaction).
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
 	if err != nil {
 		n.closeStores()
