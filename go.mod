@@ -16,6 +16,7 @@ require (
 	github.com/valyala/fasthttp v1.78.0
 	go.etcd.io/bbolt v1.5.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/time v0.16.0
 )
 
 require (

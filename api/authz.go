@@ -107,3 +107,13 @@ func peerCertified(ctx *fasthttp.RequestCtx) bool {
 
 // sees reports whether the caller may see topic (any permission on it).
 func (r *route) sees(topic string) bool { return r.id == nil || r.id.Sees(topic) }
+
+// admit charges the request to its connection's rate, unless the
+// connection is a node of the cluster (a follower forwarding many
+// clients' requests, each charged to its token).
+func (s *Server) admit(ctx *fasthttp.RequestCtx) error {
+	if s.opts.TLS != nil && peerCertified(ctx) {
+		return nil
+	}
+	return s.limits.connection(ctx.Conn())
+}

@@ -45,6 +45,7 @@ var catalogue = []struct {
 }{
 	{ErrUnauthenticated, apiError{401, "unauthenticated"}},
 	{ErrForbidden, apiError{403, "forbidden"}},
+	{ErrRateLimited, apiError{429, "rate_limited"}},
 	{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
 	{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
 	{dlq.ErrNotFound, apiError{404, "dead_letter_not_found"}},
@@ -96,6 +97,10 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	switch ae.status {
 	case 401:
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+	case 429:
+		if v, ok := retryAfter(err); ok {
+			ctx.Response.Header.Set("Retry-After", v)
+		}
 	case 503:
 		ctx.Response.Header.Set("Retry-After", "1")
 	}

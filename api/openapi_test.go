@@ -50,7 +50,7 @@ var routeStatuses = map[string][]int{
 // genericStatuses are answered before or instead of routing (a request
 // that is not HTTP, a path or method no route has): openapi.yaml says so
 // once, in info.description, rather than on every operation.
-var genericStatuses = []int{400, 404, 405, 408, 413, 431, 500}
+var genericStatuses = []int{400, 404, 405, 408, 413, 429, 431, 500}
 
 // expectedStatuses derives what a route answers from its declaration:
 // a route that is not open answers 401 without a known token and 403

@@ -44,12 +44,15 @@ type Options struct {
 	// Pprof serves Go profiles at /debug/pprof/ (--pprof); off, those
 	// routes answer 404.
 	Pprof bool
+	// Rates limits requests per token and per connection.
+	Rates RateLimits
 }
 
 // Server serves mqd's HTTP API for one node.
 type Server struct {
 	node    *raftfsm.Node
 	opts    Options
+	limits  *limiters
 	logger  *slog.Logger
 	srv     *fasthttp.Server
 	fwd     *fasthttp.Client
@@ -64,7 +67,7 @@ type Server struct {
 
 // New builds a server for node.
 func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
-	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters()}
+	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates)}
 	s.metrics = newMetrics(s)
 	s.table = s.routes()
 	rt, err := newRouter(s.table)
@@ -87,6 +90,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	}
 	s.srv = &fasthttp.Server{
 		Handler:                      s.handle,
+		ConnState:                    s.limits.connState,
 		ErrorHandler:                 s.parseError,
 		Name:                         "mqd",
 		MaxRequestBodySize:           maxBodyBytes,
@@ -118,14 +122,20 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	id := requestID(ctx)
 	r := &route{}
-	err := s.router.match(ctx.Method(), string(ctx.Path()), r)
-	if err != nil {
-		// No such route: that too is only for known callers.
-		if aerr := s.authenticate(ctx, r); aerr != nil {
-			err = aerr
+	err := s.admit(ctx)
+	if err == nil {
+		err = s.router.match(ctx.Method(), string(ctx.Path()), r)
+		if err != nil {
+			// No such route: that too is only for known callers.
+			if aerr := s.authenticate(ctx, r); aerr != nil {
+				err = aerr
+			}
+		} else if err = s.authorize(ctx, r); err == nil {
+			err = r.validate()
 		}
-	} else if err = s.authorize(ctx, r); err == nil {
-		err = r.validate()
+	}
+	if err == nil && r.id != nil {
+		err = s.limits.token(r.id.Name())
 	}
 	if err == nil {
 		if r.def.Leader {

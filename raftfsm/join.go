@@ -43,7 +43,7 @@ func (n *Node) Status() Status {
 //
 // Every node then makes sure the leader has recorded its HTTP address.
 func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
-	client := n.peerClient()
+	client := n.peerClient(2 * time.Second)
 	defer client.CloseIdleConnections()
 	if !n.hadState && len(peers) == 0 {
 		if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
@@ -169,13 +169,13 @@ func (n *Node) nodeAuth(req *http.Request) {
 	}
 }
 
-// peerClient is the HTTP client for node-to-node calls: mutual TLS with
-// the cluster's certificates when TLS is on.
-func (n *Node) peerClient() *http.Client {
+// peerClient is the HTTP client for node-to-node calls (join, status
+// probes): mutual TLS with the cluster's certificates when TLS is on.
+func (n *Node) peerClient(timeout time.Duration) *http.Client {
 	if n.cfg.TLS == nil {
-		return &http.Client{Timeout: 2 * time.Second}
+		return &http.Client{Timeout: timeout}
 	}
-	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{
 		Proxy:               nil,
 		DialTLSContext:      n.cfg.TLS.DialContext,
 		MaxIdleConnsPerHost: 2,

@@ -54,8 +54,8 @@ type PeerState struct {
 
 // probeLoop probes every other member until ctx ends.
 func (n *Node) probeLoop(ctx context.Context) {
-	client := n.peerClient() // mutual TLS when TLS is on, like every node-to-node call
-	client.Timeout = probeTimeout
+	client := n.peerClient(probeTimeout)
+	defer client.CloseIdleConnections()
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {

@@ -177,15 +177,22 @@ func TestAuthMatrix(t *testing.T) {
 			}
 		}
 	}
-	// Nothing secret in the logs: no token secret, no Authorization header.
+	// Nothing secret in the logs or metrics: no token secret.
 	for _, n := range c.Nodes() {
 		b, err := os.ReadFile(n.LogPath())
 		if err != nil {
 			t.Fatal(err)
 		}
+		r, err := anon.WithToken(fx.secrets["monitor"]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/metrics", nil, nil)
+		if err != nil || r.Status != 200 {
+			t.Fatalf("metrics of %s: %v %v", n.ID(), err, r)
+		}
 		for name, s := range fx.secrets {
 			if strings.Contains(string(b), s) {
 				t.Errorf("node %s's log holds the secret of token %s", n.ID(), name)
+			}
+			if strings.Contains(string(r.Body), s) {
+				t.Errorf("node %s's metrics hold the secret of token %s", n.ID(), name)
 			}
 		}
 	}

@@ -44,6 +44,8 @@ const (
 	flagTLSCert           = "tls-cert"
 	flagTLSKey            = "tls-key"
 	flagTLSCA             = "tls-ca"
+	flagRatePerToken      = "rate-per-token"
+	flagRatePerConn       = "rate-per-connection"
 )
 
 type options struct {
@@ -52,6 +54,7 @@ type options struct {
 	pprof                                                                   bool
 	authFile, nodeToken                                                     string
 	tlsCert, tlsKey, tlsCA                                                  string
+	ratePerToken, ratePerConn                                               float64
 	insecure                                                                bool
 	bootstrapExpect                                                         int
 	snapshotThreshold, trailingLogs                                         uint64
@@ -85,6 +88,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.tlsCert, flagTLSCert, "", "PEM certificate (chain) of this node: HTTPS only, mutual TLS between nodes; re-read on SIGHUP")
 	fs.StringVar(&o.tlsKey, flagTLSKey, "", "PEM private key of --tls-cert")
 	fs.StringVar(&o.tlsCA, flagTLSCA, "", "PEM CA certificate(s) that sign the cluster's node certificates")
+	rates := api.DefaultRateLimits()
+	fs.Float64Var(&o.ratePerToken, flagRatePerToken, rates.PerToken, "requests per second each token may send to this node, in bursts of one second's worth; over it 429 (0: no limit)")
+	fs.Float64Var(&o.ratePerConn, flagRatePerConn, rates.PerConnection, "requests per second each client connection may send, in bursts of one second's worth; over it 429 (0: no limit)")
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -112,6 +118,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
+	}
+	if o.ratePerToken < 0 || o.ratePerConn < 0 {
+		return nil, errors.New("--rate-per-token and --rate-per-connection must not be negative")
 	}
 	if (o.tlsCert != "" || o.tlsKey != "" || o.tlsCA != "") && (o.tlsCert == "" || o.tlsKey == "" || o.tlsCA == "") {
 		return nil, errors.New("--tls-cert, --tls-key and --tls-ca go together")
@@ -184,7 +193,8 @@ func run(o *options) error {
 		// Users authenticate with tokens; nodes present certificates.
 		ln = certs.Listener(ln, tls.VerifyClientCertIfGiven, 10*time.Second)
 	}
-	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof})
+	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof,
+		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go reloadOnHUP(ctx, logger, tokens, certs)
