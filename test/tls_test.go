@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,18 @@ func TestTLSCluster(t *testing.T) {
 		if _, err := pollStats(ctxFor(t, 20*time.Second), n, "t", func(s tc.TopicStats) bool { return s.Messages == 4 }); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The command line trusts --tls-ca and sends --token.
+	cli := func(args ...string) (string, error) {
+		out, err := exec.Command(tc.Binary(t), args...).CombinedOutput()
+		return string(out), err
+	}
+	base := []string{"--server", l.URL(), "--token", fx.secrets["ops"]}
+	if out, err := cli(append([]string{"topic", "list"}, append(base, "--tls-ca", ca.CertPath())...)...); err != nil || !strings.Contains(out, "t") {
+		t.Fatalf("mqd topic list over TLS: %v\n%s", err, out)
+	}
+	if out, err := cli(append([]string{"topic", "list"}, base...)...); err == nil {
+		t.Fatalf("mqd topic list without --tls-ca trusted the cluster's CA:\n%s", out)
 	}
 	// Nodes joined by certificate: no token was needed for it.
 	for _, n := range c.Nodes() {
