@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -141,8 +142,8 @@ func TestConsole(t *testing.T) {
 	if stored := mustRun(t, b, chromedp.Evaluate[string](`sessionStorage.getItem("mqd-token")`)); stored != fx.secrets["console"] {
 		t.Errorf("sessionStorage holds %q, want the pasted token", stored)
 	}
-	topicRow := mustRun(t, b, chromedp.Text(`#topic-table tr[data-topic="`+topic+`"]`))
-	letter := mustRun(t, b, chromedp.Text(row))
+	topicRow := textOf(t, b, `#topic-table tr[data-topic="`+topic+`"]`)
+	letter := textOf(t, b, row)
 	for _, want := range []string{"order-42", payload, reason, "rejected"} {
 		if !strings.Contains(letter, want) {
 			t.Errorf("dead-letter row %q lacks %q", letter, want)
@@ -195,14 +196,14 @@ func TestConsole(t *testing.T) {
 
 	// The publish rate follows the offsets between two readings.
 	rate := `#topic-table tr[data-topic="` + topic + `"] td.rate`
-	if s := mustRun(t, b, chromedp.Text(rate)); s != "0.0/s" {
+	if s := textOf(t, b, rate); s != "0.0/s" {
 		t.Errorf("publish rate with nothing published: %q, want 0.0/s", s)
 	}
 	for i := range 20 {
 		mustPublish(t, n, topic, fmt.Sprintf("rate %d", i), nil)
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for s := ""; ; s = mustRun(t, b, chromedp.Text(rate)) {
+	for s := ""; ; s = textOf(t, b, rate) {
 		if s != "" && s != "0.0/s" {
 			if !strings.HasSuffix(s, "/s") || !(s[0] >= '1' && s[0] <= '9' || strings.HasPrefix(s, "0.")) {
 				t.Errorf("publish rate after 20 publishes: %q", s)
@@ -228,6 +229,17 @@ func waitRefresh(t *testing.T, b context.Context) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// textOf reads an element's text in one step (the page redraws its
+// tables; a query and a later read could see two different rows).
+func textOf(t *testing.T, b context.Context, sel string) string {
+	t.Helper()
+	q, err := json.Marshal(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustRun(t, b, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%s) || {}).innerText || ""`, q)))
 }
 
 // mustRun runs one browser action and returns its value.
