@@ -157,6 +157,31 @@ func TestMetricsFamilies(t *testing.T) {
 	if ones != 1 {
 		t.Errorf("mqd_raft_state has %d series at 1, want exactly one", ones)
 	}
+	// The per-group gauges agree with the topic stats (backlog there is
+	// split into backlog and delayed).
+	st, err := n.Stats(ctx, "metrics-t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := scrape(ctx, t, n)
+	gs := st.Groups["g1"]
+	if v, _ := metricValue(now, "mqd_group_backlog_messages", tg); v != float64(gs.Backlog+gs.Delayed) {
+		t.Errorf("mqd_group_backlog_messages = %v, stats say backlog %d + delayed %d", v, gs.Backlog, gs.Delayed)
+	}
+	// A lease that expires is counted (and, with max_retry 0, dead-lettered);
+	// a replayed dead letter is counted.
+	if _, _, err := n.Fetch(ctx, "metrics-t", "g2", tc.FetchRequest{Max: 1, LeaseMs: 200}); err != nil {
+		t.Fatal(err)
+	}
+	tg2 := map[string]string{"topic": "metrics-t", "group": "g2"}
+	pollMetric(ctx, t, n, "mqd_lease_expiries_total", tg2, 1)
+	pollMetric(ctx, t, n, "mqd_dead_lettered_messages_total", tg2, 1)
+	if r, err := n.Do(ctx, "POST", "/v1/topics/metrics-t/groups/g1/dlq/replay", map[string]any{"all": true}, nil); err != nil || r.Status != 200 {
+		t.Fatalf("replay: %v %+v", err, r)
+	}
+	pollMetric(ctx, t, n, "mqd_replayed_messages_total", tg, 1)
+	pollMetric(ctx, t, n, "mqd_dlq_messages", tg, 0)
+
 	// A restart replays the log into the state: what was counted before
 	// must not be counted again (the counters restart from 0, the gauges
 	// keep the state's figures).
@@ -169,8 +194,8 @@ func TestMetricsFamilies(t *testing.T) {
 	if v, _ := metricValue(after, "mqd_nacked_messages_total", tg); v != 0 {
 		t.Errorf("after a restart mqd_nacked_messages_total = %v, want 0 (the replayed log was counted again)", v)
 	}
-	if v, _ := metricValue(after, "mqd_dlq_messages", tg); v != 1 {
-		t.Errorf("after a restart mqd_dlq_messages = %v, want 1", v)
+	if v, _ := metricValue(after, "mqd_dlq_messages", tg2); v != 1 {
+		t.Errorf("after a restart mqd_dlq_messages{g2} = %v, want 1", v)
 	}
 	for _, name := range []string{"mqd_http_requests_total", "mqd_http_request_seconds"} {
 		for _, m := range fams[name].GetMetric() {
@@ -179,6 +204,25 @@ func TestMetricsFamilies(t *testing.T) {
 					t.Errorf("%s has a path, not a route pattern, as its route label: %q", name, l.GetValue())
 				}
 			}
+		}
+	}
+}
+
+// pollMetric waits (bounded by ctx and 20 s) until a node's metric has the
+// value want.
+func pollMetric(ctx context.Context, t *testing.T, n *tc.Node, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, _ := metricValue(scrape(ctx, t, n), name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v after 20 s, want %v", name, labels, got, want)
+		}
+		if err := pause(ctx, 100*time.Millisecond); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
