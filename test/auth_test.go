@@ -6,12 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mqd/mqd/auth"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"go.yaml.in/yaml/v3"
 )
 
 // authFixture is a token file with one token per role and its secrets.
@@ -86,6 +88,11 @@ func authMatrix() []authCase {
 		{"GET", "/debug/pprof/", nil, "admin", "monitor", 200},
 		{"GET", "/v1/internal/status", nil, "ops", "node", 200},
 		{"POST", "/v1/internal/join", map[string]any{}, "ops", "node", 400},
+		{"DELETE", "/v1/cluster/nodes/nope", nil, "ops", "node", 404},
+		{"POST", "/debug/pprof/cmdline", nil, "admin", "monitor", 200},
+		{"GET", "/v1/openapi.yaml", nil, "", "", 200},
+		{"GET", "/ui", nil, "", "", 200},
+		{"GET", "/ui/app.js", nil, "", "", 200},
 		{"GET", "/v1/topics", nil, "", "pub", 200},
 		{"PUT", "/v1/topics/orders.new", map[string]any{}, "pub", "admin", 201},
 		{"GET", "/v1/topics/orders", nil, "other", "cons", 200},
@@ -122,6 +129,7 @@ func TestAuthMatrix(t *testing.T) {
 	mustTopic(t, l, "orders", nil)
 	mustTopic(t, l, "invoices", nil)
 	anon := tc.NewClient(15*time.Second, 4)
+	checkMatrixComplete(t, anon, l)
 	for _, n := range []*tc.Node{l, fs[0]} {
 		for _, ac := range authMatrix() {
 			name := n.ID() + " " + ac.method + " " + ac.path
@@ -334,4 +342,54 @@ func TestAuthProtectedMode(t *testing.T) {
 	if err != nil || r.Status != 200 {
 		t.Fatalf("insecure node: %v %v", err, r)
 	}
+}
+
+// checkMatrixComplete fails the test if a route of the node's OpenAPI
+// document (which a unit test keeps equal to the route table) has no case
+// in authMatrix.
+func checkMatrixComplete(t *testing.T, cl *tc.Client, n *tc.Node) {
+	t.Helper()
+	r, err := cl.Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/openapi.yaml", nil, nil)
+	if err != nil || r.Status != 200 {
+		t.Fatalf("openapi.yaml: %v %v", err, r)
+	}
+	var doc struct {
+		Paths map[string]map[string]any `yaml:"paths"`
+	}
+	if err := yaml.Unmarshal(r.Body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	matrix := authMatrix()
+	for pattern, ops := range doc.Paths {
+		for method := range ops {
+			m := strings.ToUpper(method)
+			if !slices.Contains([]string{"GET", "PUT", "POST", "DELETE", "PATCH"}, m) {
+				continue
+			}
+			if !slices.ContainsFunc(matrix, func(ac authCase) bool { return ac.method == m && pathMatches(pattern, ac.path) }) {
+				t.Errorf("route %s %s has no case in the auth matrix", m, pattern)
+			}
+		}
+	}
+}
+
+// pathMatches reports whether path fits an OpenAPI path pattern: {x}
+// stands for one segment, a final {x} also for the rest (pprof, /ui files).
+func pathMatches(pattern, path string) bool {
+	ps, xs := strings.Split(pattern, "/"), strings.Split(path, "/")
+	for i, p := range ps {
+		if i >= len(xs) {
+			return false
+		}
+		if strings.HasPrefix(p, "{") {
+			if i == len(ps)-1 {
+				return true
+			}
+			continue
+		}
+		if p != xs[i] {
+			return false
+		}
+	}
+	return len(ps) == len(xs)
 }
