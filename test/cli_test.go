@@ -27,10 +27,16 @@ type cliRun struct {
 // bounded by 60 s.
 func runCLI(t *testing.T, server, stdin string, args ...string) cliRun {
 	t.Helper()
+	return runCLIEnv(t, []string{"MQD_SERVER=" + server, "MQD_TOKEN="}, stdin, args...)
+}
+
+// runCLIEnv runs `mqd args...` with env added to the test's environment.
+func runCLIEnv(t *testing.T, env []string, stdin string, args ...string) cliRun {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tc.Binary(t), args...)
-	cmd.Env = append(os.Environ(), "MQD_SERVER="+server, "MQD_TOKEN=")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -259,4 +265,36 @@ func TestCLI(t *testing.T) {
 		// A dead first server fails over to the next; flags beat MQD_SERVER.
 		mustContain(t, "failover", ok(t, "http://127.0.0.1:1", "", "topic", "list", "--server", dead+","+srv), "orders")
 	})
+}
+
+// The client flags against a node with TLS and tokens: --tls-ca makes the
+// https server trusted, --token (or MQD_TOKEN) authenticates, and the
+// server's 401/403 come back as a non-zero exit with its message.
+func TestCLITLSAndToken(t *testing.T) {
+	t.Parallel()
+	ca := tc.NewCA(t, "cli-ca")
+	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "pub": {"publish:orders*"}})
+	cl := tc.NewTLSClient(15*time.Second, 4, ca.Pool(), nil).WithToken(fx.secrets["ops"])
+	c := tc.Start(t, 1, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.path))
+	srv := c.Node(0).URL()
+	if !strings.HasPrefix(srv, "https://") {
+		t.Fatalf("node URL %s, want https", srv)
+	}
+	run := func(token string, args ...string) cliRun {
+		return runCLIEnv(t, []string{"MQD_SERVER=" + srv, "MQD_TOKEN=" + token}, "", args...)
+	}
+	expect := func(r cliRun, code int, want string) {
+		t.Helper()
+		if r.code != code || !strings.Contains(r.stdout+r.stderr, want) {
+			t.Errorf("exit %d, stdout %q, stderr %q; want exit %d with %q", r.code, r.stdout, r.stderr, code, want)
+		}
+	}
+	expect(run("", "topic", "create", "orders", "--tls-ca", ca.CertPath(), "--token", fx.secrets["ops"]), 0, "created topic orders")
+	expect(run(fx.secrets["ops"], "topic", "list"), 1, "certificate")                               // no --tls-ca: not trusted
+	expect(run("", "topic", "list", "--tls-ca", ca.CertPath()), 1, "unauthenticated")               // no token
+	expect(run("wrong", "topic", "list", "--tls-ca", ca.CertPath()), 1, "unauthenticated")          // unknown token
+	expect(run(fx.secrets["pub"], "pub", "orders", "hi", "--tls-ca", ca.CertPath()), 0, "offset 0") // MQD_TOKEN
+	expect(run(fx.secrets["pub"], "topic", "delete", "orders", "--tls-ca", ca.CertPath()), 1, "forbidden")
+	expect(run(fx.secrets["pub"], "sub", "orders", "--group", "g", "--tls-ca", ca.CertPath()), 1, "forbidden")
+	expect(run(fx.secrets["ops"], "topic", "info", "orders", "--tls-ca", ca.CertPath()), 0, "messages  1")
 }
