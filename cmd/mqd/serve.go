@@ -165,6 +165,9 @@ func run(o *options) error {
 			return err
 		}
 		logger.Info("auth: tokens loaded", "file", o.authFile, "tokens", tokens.Len())
+		if o.tlsCert == "" && o.nodeToken == "" {
+			logger.Warn("auth without TLS and without --node-token (MQD_NODE_TOKEN): other nodes will refuse this node's join and status calls; a single node is unaffected")
+		}
 	}
 	var certs *tlsconf.Store
 	if o.tlsCert != "" {
