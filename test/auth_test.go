@@ -149,6 +149,9 @@ func TestAuthMatrix(t *testing.T) {
 				for _, bad := range []string{"", "mqd_wrong", fx.secrets["node"] + "x"} {
 					r := do(bad)
 					expectError(t, name+" token "+short(bad), r, 401, "unauthenticated")
+					if bad != "" && strings.Contains(string(r.Body), bad) {
+						t.Errorf("%s: the 401 quotes the token it was sent", name)
+					}
 					if got := r.Header.Get("WWW-Authenticate"); got != "Bearer" {
 						t.Errorf("%s: WWW-Authenticate %q, want Bearer", name, got)
 					}

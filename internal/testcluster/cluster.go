@@ -29,9 +29,6 @@ type config struct {
 // process (for secrets that must not show in the command line or logs).
 func WithEnv(kv ...string) Option { return func(c *config) { c.env = append(c.env, kv...) } }
 
-// WithHTTPS makes the harness speak https to the nodes (pair it with
-// WithClient and a client from NewTLSClient).
-func WithHTTPS() Option { return func(c *config) { c.scheme = "https" } }
 
 // WithFlags appends command-line flags to every node's command.
 func WithFlags(flags ...string) Option {
