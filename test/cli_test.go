@@ -172,6 +172,21 @@ func TestCLI(t *testing.T) {
 		if !regexp.MustCompile(`\ng3 +\d+ +1 `).MatchString(info) || !regexp.MustCompile(`\ng4 +\d+ +0 +[12] `).MatchString(info) {
 			t.Errorf("after --no-ack (g3: 1 in flight) and --nack (g4: the nacked one delayed):\n%s", info)
 		}
+		// --follow waits past --wait for a message published later.
+		followed := make(chan cliRun, 1)
+		go func() {
+			followed <- runCLI(t, srv, "", "sub", "ps", "--group", "g", "--follow", "--count", "1", "--wait", "100ms")
+		}()
+		time.Sleep(1500 * time.Millisecond) // well past --wait: without --follow it has returned
+		ok(t, srv, "", "pub", "ps", "followed")
+		select {
+		case r := <-followed:
+			if r.code != 0 || r.stdout != "followed\n" {
+				t.Errorf("sub --follow: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("sub --follow --count 1 did not return within 30 s of the publish")
+		}
 		fails(t, srv, 2, "--group is required", "sub", "ps")
 		fails(t, srv, 1, "topic_not_found", "sub", "nope", "--group", "g")
 	})
