@@ -29,7 +29,6 @@ type config struct {
 // process (for secrets that must not show in the command line or logs).
 func WithEnv(kv ...string) Option { return func(c *config) { c.env = append(c.env, kv...) } }
 
-
 // WithFlags appends command-line flags to every node's command.
 func WithFlags(flags ...string) Option {
 	return func(c *config) { c.flags = append(c.flags, flags...) }
