@@ -5,9 +5,7 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/mqd/mqd/dlq"
-	"github.com/mqd/mqd/group"
-	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/internal/refusal"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -39,37 +37,42 @@ type apiError struct {
 // codes: the first entry whose error the answer wraps decides. Anything
 // else is 500 internal. The OpenAPI document lists every code (a test
 // checks).
-var catalogue = []struct {
+var catalogue = buildCatalogue()
+
+type catalogueEntry struct {
 	err error
 	apiError
-}{
-	{ErrUnauthenticated, apiError{401, "unauthenticated"}},
-	{ErrForbidden, apiError{403, "forbidden"}},
-	{ErrRateLimited, apiError{429, "rate_limited"}},
-	{mlog.ErrTopicNotFound, apiError{404, "topic_not_found"}},
-	{group.ErrGroupNotFound, apiError{404, "group_not_found"}},
-	{dlq.ErrNotFound, apiError{404, "dead_letter_not_found"}},
-	{raftfsm.ErrNodeNotFound, apiError{404, "node_not_found"}},
-	{ErrNotFound, apiError{404, "not_found"}},
-	{ErrMethod, apiError{405, "method_not_allowed"}},
-	{mlog.ErrInvalidName, apiError{400, "invalid_name"}},
-	{mlog.ErrInvalidConfig, apiError{400, "invalid_config"}},
-	{ErrBadHeader, apiError{400, "bad_header"}},
-	{ErrBadRequest, apiError{400, "bad_request"}},
-	{mlog.ErrPartitionShrink, apiError{409, "partitions_shrink"}},
-	{raftfsm.ErrSeqGap, apiError{409, "sequence_gap"}},
-	{raftfsm.ErrSeqOverlap, apiError{409, "sequence_overlap"}},
-	{raftfsm.ErrSeqTooOld, apiError{409, "sequence_too_old"}},
-	{mlog.ErrTooLarge, apiError{413, "message_too_large"}},
-	{ErrBodyTooLarge, apiError{413, "request_too_large"}},
-	{ErrHeaderTooLarge, apiError{431, "header_too_large"}},
-	{ErrRequestTimeout, apiError{408, "request_timeout"}},
-	{mlog.ErrTopicFull, apiError{507, "topic_full"}},
-	{raftfsm.ErrInsufficientStorage, apiError{507, "insufficient_storage"}},
-	{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
-	{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},
-	{raftfsm.ErrShutdown, apiError{503, "shutting_down"}},
-	{ErrUnavailable, apiError{503, "unavailable"}},
+}
+
+// buildCatalogue: authentication, every refusal (each carries its status
+// and code: package refusal, the catalogue the FSM's refuse-don't-panic
+// decision also reads), the HTTP layer's own errors, the node's failures.
+func buildCatalogue() []catalogueEntry {
+	out := []catalogueEntry{
+		{ErrUnauthenticated, apiError{401, "unauthenticated"}},
+		{ErrForbidden, apiError{403, "forbidden"}},
+		{ErrRateLimited, apiError{429, "rate_limited"}},
+	}
+	// A refusal is more specific than the HTTP errors that may wrap it
+	// ("bad request: invalid name"), so it decides first.
+	for _, r := range refusal.All() {
+		out = append(out, catalogueEntry{r, apiError{r.Status, r.Code}})
+	}
+	out = append(out, []catalogueEntry{
+		{ErrNotFound, apiError{404, "not_found"}},
+		{ErrMethod, apiError{405, "method_not_allowed"}},
+		{ErrBadHeader, apiError{400, "bad_header"}},
+		{ErrBadRequest, apiError{400, "bad_request"}},
+		{ErrBodyTooLarge, apiError{413, "request_too_large"}},
+		{ErrHeaderTooLarge, apiError{431, "header_too_large"}},
+		{ErrRequestTimeout, apiError{408, "request_timeout"}},
+	}...)
+	return append(out,
+		catalogueEntry{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
+		catalogueEntry{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},
+		catalogueEntry{raftfsm.ErrShutdown, apiError{503, "shutting_down"}},
+		catalogueEntry{ErrUnavailable, apiError{503, "unavailable"}},
+	)
 }
 
 // classify answers err's status and code from the catalogue.

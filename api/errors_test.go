@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
@@ -162,4 +163,15 @@ func FuzzPartitionFor(f *testing.F) {
 			t.Fatalf("PartitionFor(%q, %d) = %d", key, n, got)
 		}
 	})
+}
+
+// The status mapping is derived from the refusal catalogue: every refusal,
+// wrapped, answers its own status and code.
+func TestClassifyEveryRefusal(t *testing.T) {
+	for _, r := range refusal.All() {
+		got := classify(fmt.Errorf("op: %w", r))
+		if got.status != r.Status || got.code != r.Code {
+			t.Errorf("classify(%s) = %+v, want %d %s", r.Code, got, r.Status, r.Code)
+		}
+	}
 }

@@ -75,7 +75,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
-	node.FSM.Notify = s.waiters.wake
+	node.FSM.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
 		MaxConnsPerHost:     4096,
 		ReadTimeout:         maxWait + time.Minute,

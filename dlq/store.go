@@ -3,15 +3,15 @@ package dlq
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 
+	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
 
 // ErrNotFound reports an unknown dead-letter id.
-var ErrNotFound = errors.New("dead letter not found")
+var ErrNotFound = refusal.New(404, "dead_letter_not_found", "dead letter not found")
 
 var (
 	bktLetters = []byte("dlq")

@@ -3,17 +3,17 @@ package group
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/mqd/mqd/dlq"
+	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
 
 // Sentinel errors.
 var (
-	ErrGroupNotFound = errors.New("group not found")
+	ErrGroupNotFound = refusal.New(404, "group_not_found", "group not found")
 )
 
 // Message states.

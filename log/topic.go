@@ -5,17 +5,18 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/mqd/mqd/internal/refusal"
 	bolt "go.etcd.io/bbolt"
 )
 
 // Sentinel errors of the log. Callers check them with errors.Is.
 var (
-	ErrTopicNotFound   = errors.New("topic not found")
-	ErrTopicFull       = errors.New("topic full")
-	ErrPartitionShrink = errors.New("partitions cannot shrink")
-	ErrInvalidConfig   = errors.New("invalid topic config")
-	ErrInvalidName     = errors.New("invalid name")
-	ErrTooLarge        = errors.New("message too large")
+	ErrTopicNotFound   = refusal.New(404, "topic_not_found", "topic not found")
+	ErrTopicFull       = refusal.New(507, "topic_full", "topic full")
+	ErrPartitionShrink = refusal.New(409, "partitions_shrink", "partitions cannot shrink")
+	ErrInvalidConfig   = refusal.New(400, "invalid_config", "invalid topic config")
+	ErrInvalidName     = refusal.New(400, "invalid_name", "invalid name")
+	ErrTooLarge        = refusal.New(413, "message_too_large", "message too large")
 )
 
 // Overflow policies.

@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,12 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mqd/mqd/internal/refusal"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ErrInsufficientStorage refuses a write that adds data while the data
 // dir's filesystem has less free space than --min-free-disk.
-var ErrInsufficientStorage = errors.New("insufficient storage")
+var ErrInsufficientStorage = refusal.New(507, "insufficient_storage", "insufficient storage")
 
 // MinFree is the free space to keep on the data dir's filesystem: Bytes,
 // or, when Percent > 0, that percentage of the filesystem's size.

@@ -1,15 +1,20 @@
 package raftfsm
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/mqd/mqd/internal/refusal"
+)
 
 // Sentinel errors of the node and the state machine.
 var (
 	ErrNotLeader = errors.New("not the leader")
 	ErrNoQuorum  = errors.New("no quorum: the write could not be committed in time")
 	ErrShutdown  = errors.New("node is shutting down")
-	ErrSeqGap    = errors.New("producer sequence gap")
-	ErrSeqTooOld = errors.New("producer sequence older than the kept history")
+	// Refusals (package refusal): the FSM answers them, api maps them.
+	ErrSeqGap    = refusal.New(409, "sequence_gap", "producer sequence gap")
+	ErrSeqTooOld = refusal.New(409, "sequence_too_old", "producer sequence older than the kept history")
 	// ErrSeqOverlap: a batch starts at a stored sequence but runs past the
 	// last stored one (a partial repeat).
-	ErrSeqOverlap = errors.New("producer sequence overlap")
+	ErrSeqOverlap = refusal.New(409, "sequence_overlap", "producer sequence overlap")
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/dedup"
-	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
@@ -81,9 +81,10 @@ var (
 type FSM struct {
 	path   string
 	logger *slog.Logger
-	// Notify, if set, is called after each batch commits with the topics that
-	// gained deliverable messages.
-	Notify func(topics map[string]struct{})
+	// notify, once set by OnNotify, is called after each batch commits with
+	// the topics that gained deliverable messages. Raft's FSM goroutine reads
+	// it from the start, so it is an atomic, never a plain field.
+	notify atomic.Pointer[func(topics map[string]struct{})]
 	// Schedule, if set, is called after each batch commits with the due
 	// times the batch created.
 	Schedule func(timers []group.Timer)
@@ -193,6 +194,18 @@ func (f *FSM) storedApplied() (index, term uint64) {
 	return index, term
 }
 
+// OnNotify sets the function called after each batch commits with the
+// topics that gained deliverable messages (long-poll waiters). It may be
+// called while raft applies entries: a batch applied before it is set wakes
+// nobody, which is right, as nobody could wait before it was set.
+func (f *FSM) OnNotify(fn func(topics map[string]struct{})) { f.notify.Store(&fn) }
+
+func (f *FSM) wake(topics map[string]struct{}) {
+	if fn := f.notify.Load(); fn != nil {
+		(*fn)(topics)
+	}
+}
+
 // OpenedIndex is the applied index the file held when it was opened (0 if
 // it started empty).
 func (f *FSM) OpenedIndex() uint64 { return f.opened }
@@ -297,8 +310,8 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if ev.ConfigChanged {
 		f.cfgGen.Add(1)
 	}
-	if len(ev.Topics) > 0 && f.Notify != nil {
-		f.Notify(ev.Topics)
+	if len(ev.Topics) > 0 {
+		f.wake(ev.Topics)
 	}
 	if len(ev.Timers) > 0 && f.Schedule != nil {
 		f.Schedule(ev.Timers)
@@ -334,15 +347,9 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result 
 	return res
 }
 
-func isBusiness(err error) bool {
-	for _, e := range []error{mlog.ErrTopicNotFound, mlog.ErrTopicFull, mlog.ErrPartitionShrink,
-		mlog.ErrInvalidConfig, mlog.ErrInvalidName, mlog.ErrTooLarge, group.ErrGroupNotFound, ErrSeqGap, ErrSeqTooOld, ErrSeqOverlap, dlq.ErrNotFound} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
+// isBusiness: a refusal (package refusal) is the command's answer; any
+// other error is a failure that stops the node.
+func isBusiness(err error) bool { return refusal.Is(err) }
 
 // Nodes returns the node addresses recorded in the FSM.
 func (f *FSM) Nodes() map[string]NodeInfo {
@@ -429,7 +436,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.snapBytes.Store(f.logBytes.Load())
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)
-	if f.Notify != nil {
+	if f.notify.Load() != nil {
 		all := map[string]struct{}{}
 		_ = db.View(func(tx *bolt.Tx) error {
 			for _, t := range mlog.Topics(tx) {
@@ -437,7 +444,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			}
 			return nil
 		})
-		f.Notify(all)
+		f.wake(all)
 	}
 	return nil
 }

@@ -37,11 +37,11 @@ func mustFSM(t testing.TB) *harness {
 	}
 	t.Cleanup(func() { f.Close() })
 	h := &harness{t: t, f: f, notified: map[string]int{}}
-	f.Notify = func(topics map[string]struct{}) {
+	f.OnNotify(func(topics map[string]struct{}) {
 		for tp := range topics {
 			h.notified[tp]++
 		}
-	}
+	})
 	return h
 }
 

@@ -31,7 +31,10 @@ const (
 // Run watches leadership until ctx ends, running the leader loops while
 // this node leads.
 func (n *Node) Run(ctx context.Context) {
-	var stop context.CancelFunc
+	// stop ends the current term's leader loop and waits until it (and
+	// everything it started) has exited: one leader loop at a time, so two
+	// terms never run the scheduler or the sweeps side by side.
+	var stop func()
 	defer func() {
 		if stop != nil {
 			stop()
@@ -53,8 +56,12 @@ func (n *Node) Run(ctx context.Context) {
 			}
 			if lead {
 				lctx, cancel := context.WithCancel(ctx)
-				stop = cancel
-				go n.leaderLoop(lctx)
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					n.leaderLoop(lctx)
+				}()
+				stop = func() { cancel(); <-done }
 			}
 		}
 	}
@@ -79,7 +86,12 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	if err := n.Join(ctx, n.Info()); err != nil {
 		n.logger.Warn("record own address", "err", err)
 	}
-	go n.sched.run(ctx)
+	schedDone := make(chan struct{})
+	go func() {
+		defer close(schedDone)
+		n.sched.run(ctx)
+	}()
+	defer func() { <-schedDone }() // only ctx ends the loop below, and sched.run with it
 	sweep := time.NewTicker(sweepEvery)
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)

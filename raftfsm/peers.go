@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/internal/refusal"
 )
 
 // Every node asks each other member for its /v1/internal/status every
@@ -25,7 +26,7 @@ const (
 )
 
 // ErrNodeNotFound answers a request about a node the cluster does not have.
-var ErrNodeNotFound = errors.New("node not found")
+var ErrNodeNotFound = refusal.New(404, "node_not_found", "node not found")
 
 // peerView is what this node last learned about another member.
 type peerView struct {

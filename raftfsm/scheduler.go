@@ -106,7 +106,7 @@ func (s *scheduler) fire(due []wakeup) {
 		default:
 		}
 	}
-	if len(topics) > 0 && s.n.FSM.Notify != nil {
-		s.n.FSM.Notify(topics)
+	if len(topics) > 0 {
+		s.n.FSM.wake(topics)
 	}
 }
