@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -44,31 +45,61 @@ type fetchedMessage struct {
 	Attrs          map[string]string `json:"attrs"`
 }
 
-func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
+// fetchArgs are a fetch's validated body fields.
+type fetchArgs struct {
+	max, waitMs, leaseMs int64 // leaseMs 0: the topic's ack_timeout_ms
+}
+
+func parseFetch(body []byte) (fetchArgs, error) {
 	var b fetchBody
-	if err := optBody(ctx.PostBody(), &b); err != nil {
-		return err
+	if err := optBody(body, &b); err != nil {
+		return fetchArgs{}, err
 	}
-	max, wait, lease := int64(10), int64(0), int64(0)
+	fa := fetchArgs{max: 10}
 	for _, f := range []struct {
 		name   string
 		v      *int64
 		dst    *int64
 		lo, hi int64
-	}{{"max", b.Max, &max, 1, maxFetch}, {"wait_ms", b.WaitMs, &wait, 0, int64(maxWait / time.Millisecond)},
-		{"lease_ms", b.LeaseMs, &lease, 1, 12 * 3600 * 1000}} {
+	}{{"max", b.Max, &fa.max, 1, maxFetch}, {"wait_ms", b.WaitMs, &fa.waitMs, 0, int64(maxWait / time.Millisecond)},
+		{"lease_ms", b.LeaseMs, &fa.leaseMs, 1, 12 * 3600 * 1000}} {
 		if f.v == nil {
 			continue
 		}
 		if err := checkRange(f.name, *f.v, f.lo, f.hi); err != nil {
-			return err
+			return fetchArgs{}, err
 		}
 		*f.dst = *f.v
 	}
-	end := time.Now().Add(time.Duration(wait) * time.Millisecond)
+	return fa, nil
+}
+
+// body is the fetch's JSON with wait_ms replaced by wait.
+func (fa fetchArgs) body(wait time.Duration) []byte {
+	b := fetchBody{Max: &fa.max, WaitMs: new(int64)}
+	*b.WaitMs = max(0, wait.Milliseconds())
+	if fa.leaseMs > 0 {
+		b.LeaseMs = &fa.leaseMs
+	}
+	out, _ := json.Marshal(b)
+	return out
+}
+
+func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
+	fa, err := parseFetch(ctx.PostBody())
+	if err != nil {
+		return err
+	}
+	end := time.Now().Add(time.Duration(fa.waitMs) * time.Millisecond)
+	parked := false
+	defer func() {
+		if parked {
+			s.polls.Dec()
+		}
+	}()
 	for {
 		woken := s.waiters.wait(r.topic)
-		msgs, err := s.tryLease(r, int(max), lease)
+		msgs, err := s.tryLease(r, int(fa.max), fa.leaseMs)
 		if err != nil || len(msgs) > 0 || !time.Now().Before(end) {
 			if err != nil {
 				return err
@@ -76,14 +107,15 @@ func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
 			writeJSON(ctx, 200, map[string]any{"messages": msgs})
 			return nil
 		}
-		t := time.NewTimer(min(time.Until(end), recheckEvery))
-		select {
-		case <-woken:
-		case <-t.C:
-		case <-s.waiters.closed:
+		if !parked {
+			parked = true
+			s.polls.Inc()
+		}
+		if stop, err := s.park(ctx, woken, end); err != nil {
+			return err
+		} else if stop {
 			end = time.Now()
 		}
-		t.Stop()
 	}
 }
 

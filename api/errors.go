@@ -28,6 +28,9 @@ var (
 	ErrForbidden = errors.New("forbidden")
 )
 
+// statusClientGone is recorded for a request whose client left first.
+const statusClientGone = 499
+
 type apiError struct {
 	status int
 	code   string
@@ -94,6 +97,13 @@ type errorBody struct {
 
 // writeError answers err as JSON with its status.
 func writeError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, ErrClientGone) {
+		// Nobody reads the answer: close, and let the metrics count a
+		// 499 (the code nginx logs for it).
+		ctx.SetStatusCode(statusClientGone)
+		ctx.SetConnectionClose()
+		return
+	}
 	ae := classify(err)
 	var b errorBody
 	b.Error.Code, b.Error.Message = ae.code, err.Error()

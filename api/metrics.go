@@ -56,6 +56,8 @@ func newMetrics(s *Server) *metrics {
 			m.receipts.WithLabelValues(op, st)
 		}
 	}
+	m.reg.MustRegister(s.conns.collectors()...)
+	m.reg.MustRegister(s.polls)
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/mqd/mqd/tlsconf"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
 
@@ -28,7 +29,7 @@ const (
 	maxWait          = 5 * time.Minute
 	forwardHeader    = "Mq-Forward-Hops"
 	maxForwardHops   = 2
-	readBufferSize   = 64 << 10 // also the largest request head fasthttp reads
+	readBufferSize   = 32 << 10 // also the largest request head fasthttp reads
 )
 
 // Options are the server's security settings.
@@ -46,28 +47,39 @@ type Options struct {
 	Pprof bool
 	// Rates limits requests per token and per connection.
 	Rates RateLimits
+	// Limits bound client connections; zero fields take DefaultLimits.
+	Limits Limits
 }
 
 // Server serves mqd's HTTP API for one node.
 type Server struct {
-	node    *raftfsm.Node
-	opts    Options
-	limits  *limiters
-	logger  *slog.Logger
-	srv     *fasthttp.Server
-	fwd     *fasthttp.Client
-	waiters *waiters
-	metrics *metrics
-	cfgs    cfgCache
-	table   []Route
-	router  *router
-	rr      atomic.Uint32 // round-robin partition choice
-	loud    loudLimiter   // spaces out 5xx warnings (requestlog.go)
+	node       *raftfsm.Node
+	opts       Options
+	limits     *limiters
+	logger     *slog.Logger
+	srv        *fasthttp.Server
+	fwd        *fasthttp.Client
+	waiters    *waiters
+	metrics    *metrics
+	cfgs       cfgCache
+	table      []Route
+	router     *router
+	connLimits Limits
+	conns      *connLimiter
+	polls      prometheus.Gauge // parked long-polls
+	pollFwd    chan struct{}    // slots for long-polls' short forwards: half the pool
+	rr         atomic.Uint32    // round-robin partition choice
+	loud       loudLimiter      // spaces out 5xx warnings (requestlog.go)
 }
 
 // New builds a server for node.
 func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
-	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates)}
+	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
+		connLimits: opts.Limits.withDefaults()}
+	s.conns = newConnLimiter(s.connLimits, logger)
+	s.conns.tls = opts.TLS != nil
+	s.polls = newPollGauge()
+	s.pollFwd = make(chan struct{}, max(1, s.connLimits.ForwardConns/2))
 	s.metrics = newMetrics(s)
 	s.table = s.routes()
 	rt, err := newRouter(s.table)
@@ -77,10 +89,15 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	s.router = rt
 	node.FSM.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
-		MaxConnsPerHost:     4096,
-		ReadTimeout:         maxWait + time.Minute,
-		WriteTimeout:        30 * time.Second,
-		MaxIdleConnDuration: time.Minute,
+		MaxConnsPerHost: s.connLimits.ForwardConns,
+		// A request that finds every forwarding connection busy queues for
+		// one (within its deadline) rather than failing at once.
+		MaxConnWaitTimeout: defaultTimeout,
+		ReadTimeout:        maxWait + time.Minute,
+		WriteTimeout:       30 * time.Second,
+		// Below the leader's idle timeout, so that a forward never reuses
+		// a connection the leader is closing.
+		MaxIdleConnDuration: min(10*time.Second, s.connLimits.IdleTimeout/2),
 		RetryIfErr:          func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 	}
 	if opts.TLS != nil {
@@ -89,14 +106,22 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 		s.fwd.DialTimeout = opts.TLS.DialTimeout
 	}
 	s.srv = &fasthttp.Server{
-		Handler:                      s.handle,
-		ConnState:                    s.limits.connState,
-		ErrorHandler:                 s.parseError,
-		Name:                         "mqd",
-		MaxRequestBodySize:           maxBodyBytes,
-		ReadBufferSize:               readBufferSize,
-		ReadTimeout:                  maxWait + time.Minute,
-		IdleTimeout:                  2 * time.Minute,
+		Handler:            s.handle,
+		ConnState:          s.limits.connState,
+		ErrorHandler:       s.parseError,
+		Name:               "mqd",
+		MaxRequestBodySize: maxBodyBytes,
+		ReadBufferSize:     readBufferSize,
+		// ReadTimeout: to the first byte of a new connection's request, and
+		// from it to the end of the head; HeaderReceived gives the body more.
+		ReadTimeout:    s.connLimits.ReadTimeout,
+		HeaderReceived: s.bodyTimeout,
+		WriteTimeout:   30 * time.Second,
+		IdleTimeout:    s.connLimits.IdleTimeout,
+		// Read buffers go back to the pool while a handler runs and while a
+		// connection idles: a parked long-poll or an idle keep-alive
+		// connection holds no 32 KiB buffer.
+		ReduceMemoryUsage:            true,
 		DisablePreParseMultipartForm: true,
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
@@ -106,8 +131,24 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	return s
 }
 
-// Serve serves on ln until Shutdown.
+// bodyTimeout gives a request's body ReadTimeout plus its length at
+// bodyMinRate (a chunked body: the largest one's), from the end of its
+// head: a client that sends slower than that is cut off.
+func (s *Server) bodyTimeout(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	n := h.ContentLength()
+	if n < 0 {
+		n = maxBodyBytes
+	}
+	return fasthttp.RequestConfig{ReadTimeout: s.connLimits.ReadTimeout + time.Duration(n)*time.Second/bodyMinRate}
+}
+
+// Serve serves on ln until Shutdown. Wrap ln with LimitListener first
+// (under TLS, if any) for the connection limits.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// LimitListener wraps a TCP listener with the server's connection limits
+// and its accept-error backoff.
+func (s *Server) LimitListener(ln net.Listener) net.Listener { return s.conns.wrap(ln) }
 
 // Shutdown stops accepting and waits for in-flight requests (or ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -216,6 +257,14 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			continue
 		}
+		if fa, ok := longPoll(ctx, r); ok {
+			// A long-poll waits here and forwards only short fetches.
+			err := s.pollViaLeader(ctx, r, fa)
+			if !errors.Is(err, errNowLeader) {
+				return err
+			}
+			continue // this node leads now: serve the rest of the wait here
+		}
 		err := s.forward(rctx, ctx)
 		if !errors.Is(err, errLeaderUnreachable) {
 			return err
@@ -245,6 +294,12 @@ var errLeaderUnreachable = errors.New("leader unreachable")
 
 // forward proxies the request to the leader and copies its answer back.
 func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
+	return s.forwardBody(rctx, ctx, nil)
+}
+
+// forwardBody is forward with the request's body replaced by body, unless
+// body is nil.
+func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, body []byte) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
 		return fmt.Errorf("%w: leadership is changing, retry", raftfsm.ErrNotLeader)
@@ -256,6 +311,9 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	ctx.Request.CopyTo(req)
+	if body != nil {
+		req.SetBody(body)
+	}
 	req.SetHost(addr)
 	req.URI().SetScheme("http")
 	req.Header.Set(forwardHeader, strconv.Itoa(hops+1))

@@ -323,6 +323,26 @@ func NeedsLease(tx *bolt.Tx, topic, name string, now int64) (bool, error) {
 	return false, nil
 }
 
+// NextDue answers the earliest due time of the group's waiting messages
+// (retries, delayed messages, replays), if it has any: a follower parks a
+// long-poll until then, since the leader's timing wheel wakes only the
+// leader's polls.
+func NextDue(tx *bolt.Tx, topic, name string, now int64) (int64, bool, error) {
+	l, err := mlog.Open(tx, topic)
+	if err != nil {
+		return 0, false, err
+	}
+	g, err := Open(tx, l, name, false, now)
+	if err != nil {
+		return 0, false, err
+	}
+	k, _ := g.b.Bucket(bktReady).Cursor().First()
+	if k == nil {
+		return 0, false, nil
+	}
+	return int64(binary.BigEndian.Uint64(k)), true, nil
+}
+
 // Stats are a group's live figures.
 type Stats struct {
 	Backlog           uint64 `json:"backlog"`

@@ -46,6 +46,11 @@ const (
 	flagTLSCA             = "tls-ca"
 	flagRatePerToken      = "rate-per-token"
 	flagRatePerConn       = "rate-per-connection"
+	flagMaxConns          = "max-connections"
+	flagMaxConnsPerIP     = "max-connections-per-ip"
+	flagHTTPReadTimeout   = "http-read-timeout"
+	flagHTTPIdleTimeout   = "http-idle-timeout"
+	flagForwardConns      = "forward-connections"
 )
 
 type options struct {
@@ -60,6 +65,7 @@ type options struct {
 	snapshotThreshold, trailingLogs                                         uint64
 	snapshotInterval                                                        time.Duration
 	minFreeDisk                                                             raftfsm.MinFree
+	limits                                                                  api.Limits
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -91,6 +97,12 @@ func parseFlags(args []string) (*options, error) {
 	rates := api.DefaultRateLimits()
 	fs.Float64Var(&o.ratePerToken, flagRatePerToken, rates.PerToken, "requests per second each token may send to this node, in bursts of one second's worth; over it 429 (0: no limit)")
 	fs.Float64Var(&o.ratePerConn, flagRatePerConn, rates.PerConnection, "requests per second each client connection may send, in bursts of one second's worth; over it 429 (0: no limit)")
+	d := api.DefaultLimits()
+	fs.IntVar(&o.limits.MaxConns, flagMaxConns, d.MaxConns, "most client connections open at once (503 beyond; capped by the open-file limit)")
+	fs.IntVar(&o.limits.MaxConnsPerIP, flagMaxConnsPerIP, d.MaxConnsPerIP, "most connections open from one client address (429 beyond)")
+	fs.DurationVar(&o.limits.ReadTimeout, flagHTTPReadTimeout, d.ReadTimeout, "time for a new connection's first request, and for each request head; a body gets this plus 1 s per MiB")
+	fs.DurationVar(&o.limits.IdleTimeout, flagHTTPIdleTimeout, d.IdleTimeout, "idle keep-alive connections are closed after this")
+	fs.IntVar(&o.limits.ForwardConns, flagForwardConns, d.ForwardConns, "most connections a follower opens to the leader to forward requests (long-polls use at most half)")
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -115,6 +127,11 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.raftLog != raftfsm.LogStoreWAL && o.raftLog != raftfsm.LogStoreBolt {
 		return nil, fmt.Errorf("--%s: %q is neither %s nor %s", flagRaftLog, o.raftLog, raftfsm.LogStoreWAL, raftfsm.LogStoreBolt)
+	}
+	if o.limits.MaxConns < 1 || o.limits.MaxConnsPerIP < 1 || o.limits.ForwardConns < 2 ||
+		o.limits.ReadTimeout <= 0 || o.limits.IdleTimeout <= 0 {
+		return nil, fmt.Errorf("--%s, --%s must be at least 1, --%s at least 2, --%s and --%s positive",
+			flagMaxConns, flagMaxConnsPerIP, flagForwardConns, flagHTTPReadTimeout, flagHTTPIdleTimeout)
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
@@ -158,6 +175,14 @@ func run(o *options) error {
 		return err
 	}
 	slog.SetDefault(logger)
+	nofile, err := raiseFileLimit(logger)
+	if err != nil {
+		return err
+	}
+	if c := connCap(nofile); o.limits.MaxConns > c {
+		logger.Warn("--max-connections lowered to fit the open-file limit", "asked", o.limits.MaxConns, "limit", c, "nofile", nofile)
+		o.limits.MaxConns = c
+	}
 	var tokens *auth.Store
 	if o.authFile != "" {
 		var err error
@@ -192,12 +217,14 @@ func run(o *options) error {
 		ln.Close()
 		return err
 	}
+	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof,
+		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}, Limits: o.limits})
+	// Connection limits count TCP connections, under TLS.
+	ln = srv.LimitListener(ln)
 	if certs != nil {
 		// Users authenticate with tokens; nodes present certificates.
 		ln = certs.Listener(ln, tls.VerifyClientCertIfGiven, 10*time.Second)
 	}
-	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof,
-		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go reloadOnHUP(ctx, logger, tokens, certs)
@@ -212,7 +239,8 @@ func run(o *options) error {
 			logger.Error("forming cluster", "err", err)
 		}
 	}()
-	logger.Info("mqd started", "id", node.ID(), "http", o.httpAddr, "raft", o.raftAddr, "data", o.dataDir)
+	logger.Info("mqd started", "id", node.ID(), "http", o.httpAddr, "raft", o.raftAddr, "data", o.dataDir,
+		"max_connections", o.limits.MaxConns, "open_file_limit", nofile)
 	select {
 	case <-ctx.Done():
 	case err := <-serveErr:
