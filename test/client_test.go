@@ -3,9 +3,11 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,4 +139,68 @@ func TestClientPackage(t *testing.T) {
 	if err != nil || st.Leader == nil || st.Leader.ID != n.ID() || len(st.Nodes) != 1 {
 		t.Fatalf("cluster: %+v %v", st, err)
 	}
+}
+
+// The client keeps publishing through a leader kill: it moves to the next
+// node and resends with the same Idempotency-Key, so every publish succeeds
+// and each message is stored once.
+func TestClientFailoverLeaderKill(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	l, fs := mustRoles(t, c)
+	urls := []string{l.URL()} // the leader first: the client starts with it
+	for _, f := range fs {
+		urls = append(urls, f.URL())
+	}
+	cl, err := client.New(client.Config{Servers: urls, Timeout: 5 * time.Second, MaxAttempts: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 120*time.Second)
+	const topic, total, workers = "failover", 400, 8
+	if _, _, err := cl.PutTopic(ctx, topic, client.TopicConfig{"partitions": 3}); err != nil {
+		t.Fatal(err)
+	}
+	var published, dups atomic.Int64
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, total)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += workers {
+				r, err := cl.Publish(ctx, topic, []byte(fmt.Sprint(i)), client.PublishOptions{IdempotencyKey: fmt.Sprint("k-", i)})
+				if err != nil {
+					errs <- fmt.Errorf("publish %d: %w", i, err)
+					return
+				}
+				if r.Duplicate {
+					dups.Add(1)
+				}
+				if published.Add(1) == total/4 {
+					l.Kill()
+					close(killed)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	select {
+	case <-killed:
+	default:
+		t.Fatal("the leader was never killed")
+	}
+	st, err := cl.Topic(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Messages != total {
+		t.Errorf("topic holds %d messages after %d keyed publishes through a leader kill, want exactly %d", st.Messages, total, total)
+	}
+	t.Logf("%d publishes, %d answered as duplicates of a lost answer's commit", published.Load(), dups.Load())
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -204,12 +203,13 @@ func (b *bench) progress(start time.Time) func() {
 	return func() { close(done); wg.Wait() }
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal reports whether f is an *os.File on a terminal.
+func isTerminal(f any) bool {
+	file, ok := f.(*os.File)
 	if !ok {
 		return false
 	}
-	st, err := f.Stat()
+	st, err := file.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 

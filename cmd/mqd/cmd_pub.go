@@ -53,6 +53,9 @@ func init() {
 					return publishOne(ctx, c, args[0], []byte(args[1]), o)
 				}
 				in := c.stdin
+				if *file == "" && isTerminal(in) {
+					fmt.Fprintln(c.stderr, "mqd pub: one message per line; end with Ctrl-D")
+				}
 				if *file != "" && *file != "-" {
 					f, err := os.Open(*file)
 					if err != nil {
