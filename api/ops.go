@@ -13,8 +13,12 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx, _ *route) error {
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
 	if !s.node.Ready() {
-		writeJSON(ctx, 503, map[string]any{"ready": false, "applied_index": s.node.FSM.AppliedIndex(),
-			"commit_index": s.node.Raft.CommitIndex()})
+		body := map[string]any{"ready": false, "applied_index": s.node.FSM.AppliedIndex(),
+			"commit_index": s.node.Raft.CommitIndex()}
+		if st := s.node.Clock(); st.Bad {
+			body["reason"] = st.Reason
+		}
+		writeJSON(ctx, 503, body)
 		return nil
 	}
 	writeJSON(ctx, 200, map[string]any{"ready": true})

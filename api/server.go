@@ -29,7 +29,10 @@ const (
 	maxWait          = 5 * time.Minute
 	forwardHeader    = "Mq-Forward-Hops"
 	maxForwardHops   = 2
-	readBufferSize   = 32 << 10 // also the largest request head fasthttp reads
+	// maxHandOffWait bounds how long a request on a stopping leader waits
+	// for another node to take the leadership.
+	maxHandOffWait = 2 * time.Second
+	readBufferSize = 32 << 10 // also the largest request head fasthttp reads
 )
 
 // Options are the server's security settings.
@@ -231,6 +234,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	defer cancel()
 	r.ctx = rctx
+	var handoff time.Time // since when this request waits for a hand-off
 	for {
 		// A leader handing off (graceful stop) takes no new work: the
 		// request waits for the new leader and is forwarded there.
@@ -252,6 +256,15 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
 		}
 		if s.node.IsLeader() { // elected meanwhile, or handing off
+			if s.node.HandingOff() {
+				// Stopping, and leadership came back (no other node would
+				// keep it): do not hold the request past the stop.
+				if handoff.IsZero() {
+					handoff = time.Now()
+				} else if time.Since(handoff) > maxHandOffWait {
+					return fmt.Errorf("%w: this node is stopping and no other node takes the leadership", raftfsm.ErrShutdown)
+				}
+			}
 			if err := pause(rctx, 5*time.Millisecond); err != nil {
 				return fmt.Errorf("%w: leadership is being handed off", raftfsm.ErrNotLeader)
 			}

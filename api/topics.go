@@ -2,7 +2,6 @@ package api
 
 import (
 	"errors"
-	"time"
 
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -191,4 +190,4 @@ func (s *Server) deleteGroup(ctx *fasthttp.RequestCtx, r *route) error {
 	return nil
 }
 
-func nowMs() int64 { return time.Now().UnixMilli() }
+func nowMs() int64 { return raftfsm.Now().UnixMilli() }

@@ -1,37 +1,65 @@
 package raftfsm
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// TestClockOffsetEnv shifts a node's wall clock, for tests of clock skew
-// only: MQD_TEST_CLOCK_OFFSET=8h (any time.ParseDuration value, or with a
-// "d" suffix for days) makes every wall-clock reading of the node that much
-// later. Never set it in production.
+// Clock skew. The leader stamps its wall clock into every command, so a
+// leader whose clock is far off would expire dedup keys and leases early
+// (ahead) or late (behind). Two defences:
+//   - the FSM never lets time go backwards (fsm.go, clampNow);
+//   - every node measures its clock against the others' on the status probes
+//     (peers.go), and a node whose clock is off from a majority of the voters
+//     by more than --max-clock-offset does not lead: it hands leadership off,
+//     and it answers /readyz 503 with the reason.
+
+// TestClockOffsetEnv shifts the process's wall clock, for tests of clock
+// skew only: MQD_TEST_CLOCK_OFFSET=8d (a time.ParseDuration value, or
+// whole days with a "d" suffix) makes every wall-clock reading of the node
+// that much later. Never set it in production.
 const TestClockOffsetEnv = "MQD_TEST_CLOCK_OFFSET"
 
-// clock is the node's wall clock and what it knows of the others'.
-type clock struct {
-	shift time.Duration // test-only, from TestClockOffsetEnv
+// DefaultMaxClockOffset is --max-clock-offset's default.
+const DefaultMaxClockOffset = 500 * time.Millisecond
 
-	mu      sync.Mutex
-	offsets map[string]int64 // member id → this node's clock minus the member's, ms
-}
+var (
+	shiftOnce sync.Once
+	shift     time.Duration
+	shiftErr  error
+)
 
-func newClock() (*clock, error) {
-	c := &clock{offsets: map[string]int64{}}
-	if v := os.Getenv(TestClockOffsetEnv); v != "" {
-		d, err := parseDays(v)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", TestClockOffsetEnv, err)
+func wallShift() (time.Duration, error) {
+	shiftOnce.Do(func() {
+		if v := os.Getenv(TestClockOffsetEnv); v != "" {
+			shift, shiftErr = parseDays(v)
+			if shiftErr != nil {
+				shiftErr = fmt.Errorf("%s: %w", TestClockOffsetEnv, shiftErr)
+			}
 		}
-		c.shift = d
-	}
-	return c, nil
+	})
+	return shift, shiftErr
 }
+
+// Now is the node's wall clock: what it stamps into commands and compares
+// due times with. Every wall-clock reading of the node goes through it.
+func Now() time.Time {
+	d, _ := wallShift()
+	return time.Now().Add(d)
+}
+
+// WallClock is Now as a delay.Clock.
+type WallClock struct{}
+
+// Now returns Now().
+func (WallClock) Now() time.Time { return Now() }
 
 // parseDays is time.ParseDuration that also takes whole days ("8d", "-2d").
 func parseDays(v string) (time.Duration, error) {
@@ -42,18 +70,136 @@ func parseDays(v string) (time.Duration, error) {
 	return time.ParseDuration(v)
 }
 
-// now is the node's wall clock.
-func (c *clock) now() time.Time { return time.Now().Add(c.shift) }
+// clockOffsetFresh is how old a measured offset may be to count.
+const clockOffsetFresh = 5 * time.Second
 
-// at is the node's wall clock reading for a time taken with time.Now.
-func (c *clock) at(t time.Time) time.Time { return t.Add(c.shift) }
+// clock is what this node knows of the others' clocks.
+type clock struct {
+	mu      sync.Mutex
+	offsets map[string]measured // member id → this node's clock minus the member's
+}
+
+type measured struct {
+	ms int64
+	at time.Time
+}
+
+func newClock() (*clock, error) {
+	if _, err := wallShift(); err != nil {
+		return nil, err
+	}
+	return &clock{offsets: map[string]measured{}}, nil
+}
 
 // observe records a measured offset to member id.
 func (c *clock) observe(id string, offsetMs int64) {
 	c.mu.Lock()
-	c.offsets[id] = offsetMs
+	c.offsets[id] = measured{ms: offsetMs, at: time.Now()}
 	c.mu.Unlock()
 }
 
-// Now is the node's wall clock: what it stamps into commands.
-func (n *Node) Now() time.Time { return n.clock.now() }
+// ClockState is this node's clock against the cluster's.
+type ClockState struct {
+	// Offset is this node's clock minus the cluster's: the median of the
+	// fresh offsets to the voters, this node's own (0) included.
+	Offset time.Duration
+	// Known: offsets to enough voters were measured to judge.
+	Known bool
+	// Bad: this node is further than --max-clock-offset from a majority
+	// of the voters (itself included); Reason says how.
+	Bad    bool
+	Reason string
+}
+
+// Clock judges this node's clock: it is bad when fewer than a majority of
+// the voters (itself included) are within --max-clock-offset of it while
+// enough offsets were measured to know; with too few measurements (a
+// single node, peers down) it is not judged bad.
+func (n *Node) Clock() ClockState {
+	servers, err := n.Servers()
+	if err != nil {
+		return ClockState{}
+	}
+	voters := 0
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	quorum := voters/2 + 1
+	max := n.cfg.MaxClockOffset.Milliseconds()
+	n.clock.mu.Lock()
+	offs := []int64{0}
+	within, measuredN := 1, 0
+	for _, s := range servers {
+		m, ok := n.clock.offsets[string(s.ID)]
+		if s.Suffrage != raft.Voter || string(s.ID) == n.cfg.ID || !ok || time.Since(m.at) > clockOffsetFresh {
+			continue
+		}
+		measuredN++
+		offs = append(offs, m.ms)
+		if m.ms >= -max && m.ms <= max {
+			within++
+		}
+	}
+	n.clock.mu.Unlock()
+	slices.Sort(offs)
+	st := ClockState{Offset: time.Duration(offs[len(offs)/2]) * time.Millisecond}
+	st.Known = voters <= 1 || measuredN+1 >= quorum
+	if within < quorum && st.Known {
+		st.Bad = true
+		st.Reason = fmt.Sprintf("clock is %v off from the cluster's (median of %d voters), further than --max-clock-offset %v from a majority",
+			st.Offset, len(offs), n.cfg.MaxClockOffset)
+	}
+	return st
+}
+
+// clockGate runs before a new leader serves: it waits (up to 3 s) for
+// enough clock measurements, and while this node's clock is bad it hands
+// leadership off instead of serving. It answers whether to serve.
+func (n *Node) clockGate(ctx context.Context) bool {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		st := n.Clock()
+		switch {
+		case st.Bad:
+			n.handOffForClock(st)
+			if !n.IsLeader() {
+				return false
+			}
+		case st.Known:
+			return true
+		case time.Now().After(deadline):
+			n.logger.Warn("leading without knowing the other nodes' clocks (no measurement yet)")
+			return true
+		}
+		if pauseCtx(ctx, 100*time.Millisecond) != nil || !n.IsLeader() {
+			return false
+		}
+	}
+}
+
+func (n *Node) handOffForClock(st ClockState) {
+	n.logger.Error("not leading: "+st.Reason+"; handing leadership off", "offset", st.Offset)
+	if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+		n.logger.Warn("leadership transfer", "err", err)
+	}
+}
+
+func (n *Node) clockCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_offset_seconds",
+			Help: "This node's wall clock minus the cluster's (median of the offsets measured to the voters, this node's 0 included)."},
+			func() float64 { return n.Clock().Offset.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_offset_bad",
+			Help: "1 while this node's clock is further than --max-clock-offset from a majority of the voters (it does not lead, /readyz is 503)."},
+			func() float64 {
+				if n.Clock().Bad {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_max_offset_seconds", Help: "--max-clock-offset."},
+			func() float64 { return n.cfg.MaxClockOffset.Seconds() }),
+	}
+}

@@ -71,6 +71,7 @@ var (
 	bktNodes   = []byte("nodes")
 	keyApplied = []byte("applied_index")
 	keyTerm    = []byte("applied_term")
+	keyNow     = []byte("now") // the latest applied command's time (clock.go)
 )
 
 // FSM is the state machine over a bbolt database. Every applied batch is
@@ -102,6 +103,7 @@ type FSM struct {
 	// its last snapshot on, and those up to here are already in the file.
 	opened uint64
 	cfgGen atomic.Uint64
+	now    int64 // ApplyBatch's running time, loaded from and saved to meta "now"
 	// logBytes counts the bytes of raft entries applied since start;
 	// snapBytes is its value at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
@@ -280,6 +282,10 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	err := f.db.Update(func(tx *bolt.Tx) error {
+		f.now = 0
+		if v := tx.Bucket(bktMeta).Get(keyNow); len(v) == 8 {
+			f.now = int64(binary.BigEndian.Uint64(v))
+		}
 		for i, l := range logs {
 			if l.Type != raft.LogCommand || l.Index <= f.applied.Load() {
 				continue
@@ -292,6 +298,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			out[i] = f.applyOne(tx, l.Index, cmd, ev)
 		}
 		m := tx.Bucket(bktMeta)
+		if err := m.Put(keyNow, mlog.U64Key(uint64(f.now))); err != nil {
+			return err
+		}
 		if err := m.Put(keyApplied, mlog.U64Key(last.Index)); err != nil {
 			return err
 		}
@@ -326,6 +335,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // are detected before anything is written, so a failed command changes
 // nothing; any other error is a storage failure and stops the node.
 func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result {
+	f.clampNow(c)
 	if c.Op == OpMulti {
 		res := &Result{Multi: make([]*Result, len(c.Batch))}
 		for i, sub := range c.Batch {
@@ -350,6 +360,30 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result 
 // isBusiness: a refusal (package refusal) is the command's answer; any
 // other error is a failure that stops the node.
 func isBusiness(err error) bool { return refusal.Is(err) }
+
+// clampNow keeps the state's time monotonic: a command stamped before the
+// latest applied command's time (a new leader whose clock is behind the
+// old one's) is applied at that time instead, on every replica alike. The
+// time is part of the state (meta "now"), so snapshots carry it.
+func (f *FSM) clampNow(c *Command) {
+	if c.Now < f.now {
+		c.Now = f.now
+	} else {
+		f.now = c.Now
+	}
+}
+
+// Now is the latest applied command's time (unix ms): the state's clock.
+func (f *FSM) Now() int64 {
+	var now int64
+	_ = f.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bktMeta).Get(keyNow); len(v) == 8 {
+			now = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	return now
+}
 
 // Nodes returns the node addresses recorded in the FSM.
 func (f *FSM) Nodes() map[string]NodeInfo {

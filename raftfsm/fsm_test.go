@@ -526,12 +526,12 @@ func TestApplyTrimRetention(t *testing.T) {
 	h := mustFSM(t)
 	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{RetentionMs: ptr(int64(1000))}})
 	h.must(publish(1000, "t", msg("a"), msg("b")))
-	h.must(publish(3000, "t", msg("c")))
 	h.must(&Command{Op: OpTrim, Now: 1999, Topic: "t"}) // cutoff 999: nothing
 	if p := parts(t, h.f, "t")[0]; p.First != 0 {
 		t.Fatalf("trim before retention passed: %+v", p)
 	}
-	h.must(&Command{Op: OpTrim, Now: 2500, Topic: "t"}) // cutoff 1500
+	h.must(publish(3000, "t", msg("c")))
+	h.must(&Command{Op: OpTrim, Now: 2500, Topic: "t"}) // applied at 3000 (time never goes back): cutoff 2000
 	if p := parts(t, h.f, "t")[0]; p != (mlog.PartitionMeta{First: 2, Next: 3, Bytes: 1}) {
 		t.Fatalf("after retention trim = %+v", p)
 	}
@@ -631,8 +631,8 @@ func TestApplyDedupExpire(t *testing.T) {
 	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
 	h.must(&Command{Op: OpPutTopic, Topic: "gone", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
 	h.must(publish(1000, "t", keyed(0, "K1", "a"), keyed(0, "K2", "b")))
-	h.must(publish(1500, "t", keyed(0, "K3", "c")))
 	h.must(publish(1000, "gone", keyed(0, "K1", "a")))
+	h.must(publish(1500, "t", keyed(0, "K3", "c")))
 	h.must(&Command{Op: OpDeleteTopic, Topic: "gone"})
 	dueAt := func(now int64) int {
 		var n int
@@ -918,5 +918,52 @@ func TestApplyMulti(t *testing.T) {
 	}
 	if r.Multi[3].Published[0].Offset != 1 {
 		t.Fatalf("last publish at %+v, want offset 1", r.Multi[3].Published)
+	}
+}
+
+// The state's time never goes back: a command stamped earlier than the
+// latest applied one (a new leader whose clock is behind) is applied at
+// the latest time, so a lease it grants does not end before the time the
+// state already reached; the time survives a snapshot and restore.
+func TestFSMTimeMonotonic(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&Command{Op: OpPutTopic, Now: 5000, Topic: "t"})
+	if now := h.f.Now(); now != 5000 {
+		t.Fatalf("state time %d, want 5000", now)
+	}
+	h.must(publish(1000, "t", msg("a")))
+	if now := h.f.Now(); now != 5000 {
+		t.Fatalf("after a command stamped 1000: state time %d, want 5000", now)
+	}
+	r := h.must(&Command{Op: OpLease, Now: 2000, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000})
+	if len(r.Deliveries) != 1 {
+		t.Fatalf("lease: %d deliveries", len(r.Deliveries))
+	}
+	_ = h.f.View(func(tx *bolt.Tx) error {
+		due, err := group.DueLeases(tx, 5999, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(due) != 0 {
+			t.Fatalf("a lease granted by a command stamped 2000 for 1 s is due at 5999: it must run from 5000")
+		}
+		return nil
+	})
+	h.must(&Command{Op: OpPutTopic, Now: 7000, Topic: "t"})
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	h2 := mustFSM(t)
+	if err := h2.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if now := h2.f.Now(); now != 7000 {
+		t.Fatalf("restored state time %d, want 7000", now)
 	}
 }

@@ -29,7 +29,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContact().Milliseconds(),
-		NowMs: n.clock.now().UnixMilli()}
+		NowMs: Now().UnixMilli()}
 }
 
 // Form brings the node into a cluster and returns when its address is
@@ -43,6 +43,7 @@ func (n *Node) Status() Status {
 //
 // Every node then makes sure the leader has recorded its HTTP address.
 func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
+	n.joinPeers.Store(peers)
 	client := n.peerClient(2 * time.Second)
 	defer client.CloseIdleConnections()
 	if !n.hadState && len(peers) == 0 {

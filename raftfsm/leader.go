@@ -26,6 +26,9 @@ const (
 	// stops the world: a large backlog of due keys goes in many commands.
 	dedupBatch  = 2048
 	dedupRounds = 16
+	// clockCheckEvery: how often a leader checks its clock against the
+	// cluster's (the probes measure every 500 ms).
+	clockCheckEvery = time.Second
 )
 
 // Run watches leadership until ctx ends, running the leader loops while
@@ -69,6 +72,12 @@ func (n *Node) Run(ctx context.Context) {
 
 func (n *Node) leaderLoop(ctx context.Context) {
 	n.logger.Info("became leader", "id", n.cfg.ID)
+	if n.HandingOff() { // stopping: do not take leadership back
+		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+			n.logger.Warn("leadership transfer", "err", err)
+		}
+		return
+	}
 	// Serve only once everything committed before this term is applied:
 	// until then the FSM may not even know a topic that exists.
 	for {
@@ -80,6 +89,11 @@ func (n *Node) leaderLoop(ctx context.Context) {
 		if ctx.Err() != nil || !n.IsLeader() {
 			return
 		}
+	}
+	// A leader whose clock is off would stamp it into every command:
+	// hand off instead (clock.go). Nothing timestamped is proposed before.
+	if !n.clockGate(ctx) {
+		return
 	}
 	n.serving.Store(true)
 	defer n.serving.Store(false)
@@ -99,10 +113,20 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	replay := time.NewTicker(replayEvery)
 	defer replay.Stop()
 	pacer := map[string]*replayPacer{}
+	clockCheck := time.NewTicker(clockCheckEvery)
+	defer clockCheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-clockCheck.C:
+			if n.Clock().Bad {
+				n.serving.Store(false) // requests wait for the next leader
+				if !n.clockGate(ctx) {
+					return
+				}
+				n.serving.Store(true)
+			}
 		case <-sweep.C:
 			n.sweepLeases(ctx)
 		case <-n.sched.kick:
@@ -119,7 +143,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 // sweepLeases proposes the expiry of every lease past its deadline.
 func (n *Node) sweepLeases(ctx context.Context) {
 	for ctx.Err() == nil {
-		now := time.Now().UnixMilli()
+		now := Now().UnixMilli()
 		var due []group.Expired
 		err := n.FSM.View(func(tx *bolt.Tx) error {
 			var err error
@@ -148,7 +172,7 @@ func (n *Node) sweepLeases(ctx context.Context) {
 
 // enforceRetention proposes a trim for each topic that retention would trim.
 func (n *Node) enforceRetention(ctx context.Context) {
-	now := time.Now().UnixMilli()
+	now := Now().UnixMilli()
 	var topics []string
 	err := n.FSM.View(func(tx *bolt.Tx) error {
 		for _, t := range mlog.Topics(tx) {
@@ -185,7 +209,7 @@ func (n *Node) enforceRetention(ctx context.Context) {
 // oldest first, a bounded batch per command.
 func (n *Node) expireDedup(ctx context.Context) {
 	for range dedupRounds {
-		now := time.Now().UnixMilli()
+		now := Now().UnixMilli()
 		due := false
 		_ = n.FSM.View(func(tx *bolt.Tx) error {
 			due = dedup.HasDue(tx, now)
@@ -246,7 +270,7 @@ func (n *Node) paceReplays(ctx context.Context, pacers map[string]*replayPacer) 
 		}
 		return nil
 	})
-	now := time.Now()
+	now := Now()
 	active := map[string]bool{}
 	for _, j := range jobs {
 		key := j.topic + "\x00" + j.group

@@ -124,6 +124,7 @@ func (n *Node) Collectors() []prometheus.Collector {
 			Help: "Snapshots this node restored (at start, or sent by the leader)."},
 			func() float64 { return float64(n.FSM.Restores()) }),
 		raftTimings.commit, raftTimings.apply, nodeCollector{n}}
+	cs = append(cs, n.clockCollectors()...)
 	return append(cs, n.disk.collectors()...)
 }
 

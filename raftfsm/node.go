@@ -28,6 +28,9 @@ type Config struct {
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
 	MinFreeDisk       MinFree // zero: the default (5 %, at most 1 GiB)
+	// MaxClockOffset: further than this from a majority of the voters'
+	// clocks, the node does not lead and is not ready (clock.go).
+	MaxClockOffset time.Duration
 	// RaftLog is the raft log store for a new data dir: LogStoreWAL
 	// (default) or LogStoreBolt. An existing data dir keeps its own.
 	RaftLog string
@@ -57,6 +60,9 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MaxClockOffset <= 0 {
+		c.MaxClockOffset = DefaultMaxClockOffset
+	}
 	switch c.RaftLog {
 	case "":
 		c.RaftLog = LogStoreWAL
@@ -69,25 +75,26 @@ func (c *Config) Validate() error {
 
 // Node is one Raft member with its FSM.
 type Node struct {
-	cfg      Config
-	Raft     *raft.Raft
-	FSM      *FSM
-	trans    *raft.NetworkTransport
-	stores   *raftStores
-	dirLock  *dirLock // held from Open to Shutdown
-	disk     *diskGuard
-	clock    *clock
-	peers    peers
-	handoff  atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
-	inflight atomic.Int64 // proposals between enter and leave
-	hadState bool
-	logger   *slog.Logger
-	batch    *batcher
-	sched    *scheduler
-	serving  atomic.Bool // leader with its FSM caught up (after the term's barrier)
-	snaps    *raft.FileSnapshotStore
-	metrics  *nodeMetrics
-	observed chan raft.Observation
+	cfg       Config
+	Raft      *raft.Raft
+	FSM       *FSM
+	trans     *raft.NetworkTransport
+	stores    *raftStores
+	dirLock   *dirLock // held from Open to Shutdown
+	disk      *diskGuard
+	clock     *clock
+	peers     peers
+	handoff   atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
+	inflight  atomic.Int64 // proposals between enter and leave
+	joinPeers atomic.Value // []string: Form's --join addresses, for clock probes
+	hadState  bool
+	logger    *slog.Logger
+	batch     *batcher
+	sched     *scheduler
+	serving   atomic.Bool // leader with its FSM caught up (after the term's barrier)
+	snaps     *raft.FileSnapshotStore
+	metrics   *nodeMetrics
+	observed  chan raft.Observation
 }
 
 // Open starts a node: raft log on raft-wal (or raft-boltdb), stable store
@@ -343,7 +350,7 @@ func (n *Node) Ready() bool {
 	if _, _, ok := n.Leader(); !ok {
 		return false
 	}
-	return n.caughtUp()
+	return n.caughtUp() && !n.Clock().Bad
 }
 
 // caughtUp reports whether the FSM has applied every committed entry. The
@@ -370,7 +377,7 @@ func (n *Node) caughtUp() bool {
 // Shutdown hands leadership off if leader, then stops raft and closes the
 // stores. The leader loops end with the context given to Run.
 func (n *Node) Shutdown() error {
-	if n.IsLeader() && len(n.Raft.GetConfiguration().Configuration().Servers) > 1 {
+	if n.IsLeader() && !n.HandingOff() && len(n.Raft.GetConfiguration().Configuration().Servers) > 1 {
 		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
 			n.logger.Warn("leadership transfer", "err", err)
 		}
@@ -417,7 +424,7 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 	if n.FSM.Nodes()[info.ID] == info {
 		return nil
 	}
-	_, err := n.Apply(ctx, &Command{Op: OpSetNode, Now: time.Now().UnixMilli(), Node: info})
+	_, err := n.Apply(ctx, &Command{Op: OpSetNode, Now: Now().UnixMilli(), Node: info})
 	return err
 }
 

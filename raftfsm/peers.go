@@ -90,6 +90,25 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 			n.probe(ctx, client, id, addr)
 		}()
 	}
+	// Members whose HTTP address is not recorded yet (a cluster just
+	// formed: the leader records addresses, and must know the clocks
+	// before it proposes anything) are found through the --join list.
+	known := map[string]bool{n.cfg.HTTPAddr: true}
+	for _, s := range servers {
+		known[infos[string(s.ID)].HTTPAddr] = true
+	}
+	if jp, _ := n.joinPeers.Load().([]string); len(jp) > 0 {
+		for _, addr := range jp {
+			if known[addr] {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n.probeClock(ctx, client, addr, keep)
+			}()
+		}
+	}
 	wg.Wait()
 	n.peers.mu.Lock()
 	for id := range n.peers.views {
@@ -123,9 +142,23 @@ func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) 
 	}
 	// The member read its clock somewhere between sent and recv: assume
 	// the middle. The error is at most half the round trip.
-	mid := n.clock.at(sent).Add(recv.Sub(sent) / 2)
+	shift, _ := wallShift()
+	mid := sent.Add(shift + recv.Sub(sent)/2)
 	*v = peerView{status: st, lastOK: recv, offsetMs: mid.UnixMilli() - st.NowMs, rttMs: recv.Sub(sent).Milliseconds()}
 	n.clock.observe(id, v.offsetMs)
+}
+
+// probeClock measures the clock offset to the member at addr, if it is one
+// (members holds the members' ids).
+func (n *Node) probeClock(ctx context.Context, client *http.Client, addr string, members map[string]bool) {
+	sent := time.Now()
+	st, err := n.getStatus(ctx, client, addr)
+	recv := time.Now()
+	if err != nil || !members[st.ID] || st.ID == n.cfg.ID {
+		return
+	}
+	shift, _ := wallShift()
+	n.clock.observe(st.ID, sent.Add(shift+recv.Sub(sent)/2).UnixMilli()-st.NowMs)
 }
 
 // Peer is how this node sees member id (not itself).

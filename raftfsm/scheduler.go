@@ -33,7 +33,7 @@ type wakeup struct {
 }
 
 func newScheduler(n *Node) *scheduler {
-	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond})
+	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond, Clock: WallClock{}})
 	if err != nil {
 		panic(err) // the config is a constant
 	}
@@ -71,7 +71,7 @@ func (s *scheduler) run(ctx context.Context) {
 	s.wheel.Reset()
 	s.active.Store(true) // before the rebuild: a batch applied meanwhile is not missed
 	defer s.active.Store(false)
-	now := time.Now().UnixMilli()
+	now := Now().UnixMilli()
 	var batch []group.Timer
 	err := s.n.FSM.View(func(tx *bolt.Tx) error {
 		return group.ForEachTimer(tx, now, func(t group.Timer) {

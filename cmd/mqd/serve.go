@@ -37,6 +37,7 @@ const (
 	flagLogFormat         = "log-format"
 	flagPprof             = "pprof"
 	flagMinFreeDisk       = "min-free-disk"
+	flagMaxClockOffset    = "max-clock-offset"
 	flagAuthFile          = "auth-file"
 	flagNodeToken         = "node-token"
 	flagInsecure          = "insecure"
@@ -64,6 +65,7 @@ type options struct {
 	bootstrapExpect                                                         int
 	snapshotThreshold, trailingLogs                                         uint64
 	snapshotInterval                                                        time.Duration
+	maxClockOffset                                                          time.Duration
 	minFreeDisk                                                             raftfsm.MinFree
 	limits                                                                  api.Limits
 }
@@ -88,6 +90,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
+	fs.DurationVar(&o.maxClockOffset, flagMaxClockOffset, raftfsm.DefaultMaxClockOffset, "a node whose clock is further than this from a majority of the voters' does not lead and is not ready")
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
 	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
 	fs.BoolVar(&o.insecure, flagInsecure, false, "serve without --auth-file on a non-loopback --http-addr")
@@ -211,7 +214,7 @@ func run(o *options) error {
 		NodeToken:         o.nodeToken,
 		TLS:               certs,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
-		MinFreeDisk: o.minFreeDisk, RaftLog: o.raftLog, Logger: logger,
+		MinFreeDisk: o.minFreeDisk, MaxClockOffset: o.maxClockOffset, RaftLog: o.raftLog, Logger: logger,
 	})
 	if err != nil {
 		ln.Close()
@@ -247,7 +250,7 @@ func run(o *options) error {
 		node.Shutdown()
 		return fmt.Errorf("http: %w", err)
 	}
-	// Graceful stop, within stopTimeout: a leader hands leadership off
+	// Graceful stop, within stopTimeout (plus raft's own shutdown): a leader hands leadership off
 	// first while it still serves HTTP (what arrives meanwhile is forwarded
 	// to the new leader); then the listener closes and the requests in
 	// flight finish; then raft stops.
@@ -269,8 +272,8 @@ func run(o *options) error {
 
 // Graceful stop bounds: the hand-off, then everything.
 const (
-	handOffTimeout = 4 * time.Second
-	stopTimeout    = 8 * time.Second
+	handOffTimeout = 3 * time.Second
+	stopTimeout    = 6 * time.Second
 )
 
 func splitList(s string) []string {

@@ -275,6 +275,18 @@ func (n *Node) Restart() {
 	}
 }
 
+// SetEnv adds environment variables ("NAME=value") to the node's next
+// starts (e.g. a test-only clock offset). The node must be stopped.
+func (n *Node) SetEnv(kv ...string) {
+	n.tb.Helper()
+	if n.Running() {
+		n.tb.Fatalf("setenv %s: node is running", n.id)
+	}
+	n.mu.Lock()
+	n.env = append(append([]string(nil), n.env...), kv...)
+	n.mu.Unlock()
+}
+
 // Wipe deletes the node's data directory. The node must be stopped.
 func (n *Node) Wipe() {
 	n.tb.Helper()
