@@ -17,6 +17,14 @@ var (
 	buildErr  error
 )
 
+// RaceEnv, set to a non-empty value, builds the binary with the race
+// detector; every cluster then fails its test if a node reported a data
+// race (checked in the cluster's cleanup).
+const RaceEnv = "MQD_TEST_RACE"
+
+// Race reports whether the binary is built with the race detector.
+func Race() bool { return os.Getenv(RaceEnv) != "" }
+
 // Binary returns the path of an mqd binary built from this repository's
 // ./cmd/mqd. The build happens once per test process; later calls reuse it.
 // Setting MQD_TEST_BINARY uses that prebuilt binary instead.
@@ -61,7 +69,11 @@ func build() {
 	}
 	buildDir = dir
 	out := filepath.Join(dir, "brokertest")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/mqd")
+	args := []string{"build", "-o", out}
+	if Race() {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./cmd/mqd")...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		buildErr = fmt.Errorf("go build ./cmd/mqd: %v\n%s", err, b)

@@ -112,6 +112,7 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	}
 	tb.Cleanup(func() {
 		c.KillAll()
+		c.checkRaces()
 		if tb.Failed() {
 			c.dumpLogs(cfg.logTail)
 		}
@@ -352,6 +353,29 @@ func (c *Cluster) readyOnce(ctx context.Context) (*Node, string) {
 		return nil, fmt.Sprintf("named leader %q is not a live node", leader)
 	}
 	return l, ""
+}
+
+// raceMarker starts every report of Go's race detector.
+const raceMarker = "WARNING: DATA RACE"
+
+// checkRaces fails the test with the first data race report in each
+// node's log (a race-built node keeps running after a report).
+func (c *Cluster) checkRaces() {
+	for _, n := range c.nodes {
+		b, err := os.ReadFile(n.logPath)
+		if err != nil {
+			continue
+		}
+		i := strings.Index(string(b), raceMarker)
+		if i < 0 {
+			continue
+		}
+		report := string(b[i:])
+		if j := strings.Index(report, "\n=================="); j > 0 {
+			report = report[:j]
+		}
+		c.tb.Errorf("testcluster: node %s reported a data race:\n%s", n.id, report)
+	}
 }
 
 func (c *Cluster) dumpLogs(lines int) {
