@@ -92,6 +92,7 @@ func TestQuietLogs(t *testing.T) {
 			unreachable++
 		}
 	}
+	t.Logf("leader: %d log lines, %d warnings/errors in %v with %s dead", len(lines), len(loud(lines)), time.Since(down).Round(time.Millisecond), dead.ID())
 	if unreachable != 1 {
 		t.Errorf("leader said %d times that %s is unreachable, want once", unreachable, dead.ID())
 	}
