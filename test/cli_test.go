@@ -279,6 +279,7 @@ func TestCLI(t *testing.T) {
 		fails(t, dead, 1, "connection refused", "topic", "list")
 		// A dead first server fails over to the next; flags beat MQD_SERVER.
 		mustContain(t, "failover", ok(t, "http://127.0.0.1:1", "", "topic", "list", "--server", dead+","+srv), "orders")
+		mustContain(t, "flags first", ok(t, dead, "", "--server", srv, "--json", "topic", "list"), `{"topics":[`)
 	})
 }
 

@@ -187,6 +187,36 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// hoistClientFlags moves client flags given before the command
+// (`mqd --server URL topic list`) behind it, where the command parses
+// them; other arguments are returned unchanged.
+func hoistClientFlags(args []string) []string {
+	var lead []string
+	for len(args) > 0 {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if !strings.HasPrefix(args[0], "-") {
+			break
+		}
+		switch {
+		case name == "json" || hasValue && (name == "server" || name == "token" || name == "tls-ca"):
+			lead, args = append(lead, args[0]), args[1:]
+		case (name == "server" || name == "token" || name == "tls-ca") && len(args) > 1:
+			lead, args = append(lead, args[0], args[1]), args[2:]
+		default:
+			return append(lead, args...)
+		}
+	}
+	if len(lead) == 0 || len(args) == 0 {
+		return append(lead, args...)
+	}
+	cmd, rest := lookup(args)
+	if cmd == nil {
+		return append(lead, args...)
+	}
+	n := len(args) - len(rest)
+	return append(append(append([]string(nil), args[:n]...), lead...), rest...)
+}
+
 // globalFlags are on every client command.
 type globalFlags struct {
 	server, token, tlsCA string

@@ -60,3 +60,18 @@ func TestCommandTable(t *testing.T) {
 		t.Errorf("mqd dlq: exit %d, %q", code, errb.String())
 	}
 }
+
+func TestHoistClientFlags(t *testing.T) {
+	for in, want := range map[string]string{
+		"--server http://h:1 topic list":         "topic list --server http://h:1",
+		"--json --token=t pub orders hi --key k": "pub --json --token=t orders hi --key k",
+		"--id n1 --data-dir d":                   "--id n1 --data-dir d",
+		"--server h:1":                           "--server h:1",
+		"--server h:1 nope":                      "--server h:1 nope",
+		"topic list":                             "topic list",
+	} {
+		if got := strings.Join(hoistClientFlags(strings.Fields(in)), " "); got != want {
+			t.Errorf("hoistClientFlags(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

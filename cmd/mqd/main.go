@@ -34,6 +34,8 @@ func dispatch(args []string) int {
 		return 0
 	case isCommand(args):
 		return runCommand(args)
+	case isCommand(hoistClientFlags(args)):
+		return runCommand(hoistClientFlags(args))
 	case strings.HasPrefix(args[0], "-"):
 		return serve(args)
 	}
