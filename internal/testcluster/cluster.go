@@ -25,6 +25,10 @@ type config struct {
 	scheme       string
 }
 
+// WithHTTPS makes the harness speak https to nodes whose TLS flags the
+// test passes itself (pair it with WithClient and a client trusting its CA).
+func WithHTTPS() Option { return func(c *config) { c.scheme = "https" } }
+
 // WithEnv adds environment variables ("NAME=value") to every node's
 // process (for secrets that must not show in the command line or logs).
 func WithEnv(kv ...string) Option { return func(c *config) { c.env = append(c.env, kv...) } }
