@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,23 @@ func TestConsole(t *testing.T) {
 		t.Errorf("topic row %q, want %s with 2 partitions and 1 message", topicRow, topic)
 	}
 	screenshot(t, b)
+
+	// The address names the view: closing the dead letters drops the group
+	// from it, and going to the group's link opens them again.
+	link := mustRun(t, b, chromedp.Evaluate[string](`document.querySelector('#group-table tr[data-group="`+group+`"] a.name').getAttribute("href")`))
+	if want := "#topic=" + topic + "&group=" + group; link != want {
+		t.Errorf("the group's link: %q, want %q", link, want)
+	}
+	if err := chromedp.Do(b, chromedp.Click(`#dlq-close`), chromedp.WaitNotVisible(`#dlq`)); err != nil {
+		t.Fatalf("close the dead letters: %v", err)
+	}
+	if h := mustRun(t, b, chromedp.Evaluate[string](`location.hash`)); h != "#topic="+topic {
+		t.Errorf("address with the dead letters closed: %q", h)
+	}
+	mustRun(t, b, chromedp.Evaluate[bool](`location.hash = `+strconv.Quote(link)+`; true`))
+	if err := chromedp.Do(b, chromedp.WaitVisible(row)); err != nil {
+		t.Fatalf("reopen the dead letters by their address: %v", err)
+	}
 
 	// Delete, then cancel: the letter stays.
 	if err := chromedp.Do(b,

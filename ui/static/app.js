@@ -221,7 +221,7 @@ function renderTopics(topics) {
       class: "selectable" + (t.name === state.topic ? " selected" : ""), "data-topic": t.name,
       onclick: () => selectTopic(t.name),
     },
-    el("td", {}, el("b", {}, t.name)),
+    el("td", {}, el("a", { href: viewHash(t.name, null), class: "name" }, t.name)),
     el("td", { class: "num" }, (t.partitions || []).length),
     el("td", { class: "num" }, fmtInt(t.messages)),
     el("td", { class: "num" }, fmtBytes(t.bytes)),
@@ -256,7 +256,7 @@ function renderTopicDetail() {
     class: "selectable" + (name === state.group ? " selected" : ""), "data-group": name,
     onclick: () => selectGroup(name),
   },
-  el("td", {}, el("b", {}, name)),
+  el("td", {}, el("a", { href: viewHash(t.name, name), class: "name" }, name)),
   el("td", { class: "num" }, fmtInt(g.backlog)),
   el("td", { class: "num" }, fmtInt(g.in_flight)),
   el("td", { class: "num" }, fmtInt(g.delayed)),
@@ -302,11 +302,31 @@ function renderDLQ(page) {
 
 // ---- selection ----
 
-function saveHash() {
+// viewHash is the address of a view: #topic=T&group=G.
+function viewHash(topic, group) {
   const p = new URLSearchParams();
-  if (state.topic) p.set("topic", state.topic);
-  if (state.group) p.set("group", state.group);
-  history.replaceState(null, "", p.toString() ? "#" + p.toString() : location.pathname);
+  if (topic) p.set("topic", topic);
+  if (group) p.set("group", group);
+  return p.toString() ? "#" + p.toString() : location.pathname;
+}
+
+function saveHash() { history.replaceState(null, "", viewHash(state.topic, state.group)); }
+
+// followHash selects what the address names (a link was followed, or the
+// user edited the address).
+function followHash() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  const topic = p.get("topic"), group = p.get("group");
+  if (topic !== state.topic) selectTopic(topic);
+  if (group && group !== state.group) selectGroup(group);
+  else if (!group && state.group) closeDLQ();
+}
+
+function closeDLQ() {
+  state.group = null;
+  saveHash();
+  $("#dlq").hidden = true;
+  renderTopicDetail();
 }
 
 function selectTopic(name) {
@@ -422,7 +442,8 @@ function init() {
     refresh();
   });
   $("#replay-all").addEventListener("click", replayAll);
-  $("#dlq-close").addEventListener("click", () => { state.group = null; saveHash(); $("#dlq").hidden = true; renderTopicDetail(); });
+  $("#dlq-close").addEventListener("click", closeDLQ);
+  window.addEventListener("hashchange", followHash);
   $("#dlq-older").addEventListener("click", () => { if (state.dlqNext !== null) { state.dlqAfter = state.dlqNext; loadDLQ(); } });
   $("#dlq-first").addEventListener("click", () => { state.dlqAfter = 0; loadDLQ(); });
   setInterval(() => { if ($("#auto").checked && !$("#confirm").open) refresh(); }, REFRESH_MS);
