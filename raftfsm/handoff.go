@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -66,7 +67,7 @@ func (n *Node) HandOff(ctx context.Context) {
 
 // isTransferring is raft's refusal of a proposal during a leadership
 // transfer: nothing was appended.
-func isTransferring(err error) bool { return err == raft.ErrLeadershipTransferInProgress }
+func isTransferring(err error) bool { return errors.Is(err, raft.ErrLeadershipTransferInProgress) }
 
 func pauseCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
