@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,6 +118,8 @@ func TestConsole(t *testing.T) {
 	start := time.Now()
 	b := browser(t, exe, 75*time.Second)
 	t.Logf("chromium started in %v", time.Since(start).Round(time.Millisecond))
+	problems := watchConsole(t, b)
+	defer problems.check(t)
 	row := `#dlq-table tr[data-dlq-id="1"]`
 	// Without a token the API answers 401 and the page asks for one.
 	if err := chromedp.Do(b, chromedp.Navigate(n.URL()+"/ui"), chromedp.WaitVisible(`#banner`)); err != nil {
@@ -246,6 +249,51 @@ func waitRefresh(t *testing.T, b context.Context) {
 			t.Fatalf("the page did not refresh within 15 s (still %q)", before)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// pageProblems collects the page's uncaught exceptions and Content
+// Security Policy violations.
+type pageProblems struct {
+	stop func()
+	done chan struct{}
+	mu   sync.Mutex
+	list []string
+}
+
+func watchConsole(t *testing.T, b context.Context) *pageProblems {
+	t.Helper()
+	ctx, stop := context.WithCancel(b)
+	p := &pageProblems{stop: stop, done: make(chan struct{})}
+	msgs := chromedp.Console(ctx) // subscribed from here on
+	go func() {
+		defer close(p.done)
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			if m.IsException() || strings.Contains(m.Text, "Content Security Policy") {
+				p.mu.Lock()
+				p.list = append(p.list, m.String())
+				p.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(stop)
+	return p
+}
+
+func (p *pageProblems) check(t *testing.T) {
+	t.Helper()
+	p.stop()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Error("the console watcher did not stop within 10 s")
+		return
+	}
+	for _, m := range p.list {
+		t.Errorf("the page reported: %s", m)
 	}
 }
 
