@@ -143,26 +143,48 @@ func readTopicStats(tx *bolt.Tx, topic string, now int64) (*topicStats, error) {
 	return st, nil
 }
 
+// maxTopicPage is the most topics GET /v1/topics answers at once.
+const maxTopicPage = 1000
+
+// listTopics answers a page of topics in name order: ?limit= (1..1000,
+// default 1000) after ?after= (a name; default the start). "next", present
+// when more topics follow, is the after of the next page.
 func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
+	limit, err := queryUint(ctx, "limit", maxTopicPage, 1, maxTopicPage)
+	if err != nil {
+		return err
+	}
+	after := string(ctx.QueryArgs().Peek("after"))
 	out := []*topicStats{}
+	next := ""
 	now := nowMs()
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range mlog.Topics(tx) {
+	err = s.node.FSM.View(func(tx *bolt.Tx) error {
+		var err error
+		mlog.EachTopicAfter(tx, after, func(t string) bool {
 			if !r.sees(t) {
-				continue
+				return true
 			}
-			st, err := readTopicStats(tx, t, now)
-			if err != nil {
-				return err
+			if uint64(len(out)) == limit {
+				next = out[len(out)-1].Name
+				return false
+			}
+			var st *topicStats
+			if st, err = readTopicStats(tx, t, now); err != nil {
+				return false
 			}
 			out = append(out, st)
-		}
-		return nil
+			return true
+		})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	writeJSON(ctx, 200, map[string]any{"topics": out})
+	body := map[string]any{"topics": out}
+	if next != "" {
+		body["next"] = next
+	}
+	writeJSON(ctx, 200, body)
 	return nil
 }
 

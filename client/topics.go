@@ -3,7 +3,9 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 )
 
 // TopicConfig holds topic settings by their API names (partitions,
@@ -66,15 +68,32 @@ func (c *Client) PutTopic(ctx context.Context, name string, cfg TopicConfig) (*T
 	return &t, resp.Status == http.StatusCreated, nil
 }
 
-// Topics lists every topic with its stats.
+// Topics lists every topic with its stats, following the server's pages.
 func (c *Client) Topics(ctx context.Context) ([]Topic, error) {
-	var out struct {
-		Topics []Topic `json:"topics"`
+	var all []Topic
+	after := ""
+	for {
+		q := url.Values{}
+		if after != "" {
+			q.Set("after", after)
+		}
+		resp, err := c.do(ctx, &request{method: http.MethodGet, path: "/v1/topics", query: q, policy: retrySafe})
+		if err != nil {
+			return nil, err
+		}
+		var page struct {
+			Topics []Topic `json:"topics"`
+			Next   string  `json:"next"`
+		}
+		if err := json.Unmarshal(resp.Body, &page); err != nil {
+			return nil, fmt.Errorf("GET /v1/topics: %w", err)
+		}
+		all = append(all, page.Topics...)
+		if page.Next == "" || len(page.Topics) == 0 {
+			return all, nil
+		}
+		after = page.Next
 	}
-	if _, err := c.call(ctx, http.MethodGet, "/v1/topics", nil, &out, retrySafe, 0); err != nil {
-		return nil, err
-	}
-	return out.Topics, nil
 }
 
 // Topic returns one topic's config and stats.

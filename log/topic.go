@@ -323,6 +323,25 @@ func DeleteTopic(tx *bolt.Tx, topic string) error {
 }
 
 // Topics returns every topic name in order.
+// EachTopicAfter calls fn with each topic name that sorts after after, in
+// order, until fn answers false: a page of topics costs a seek, not a walk
+// over all of them.
+func EachTopicAfter(tx *bolt.Tx, after string, fn func(name string) bool) {
+	c := tx.Bucket(bktTopics).Cursor()
+	k, v := c.Seek([]byte(after))
+	if k != nil && string(k) == after {
+		k, v = c.Next()
+	}
+	for ; k != nil; k, v = c.Next() {
+		if v != nil { // not a topic bucket
+			continue
+		}
+		if !fn(string(k)) {
+			return
+		}
+	}
+}
+
 func Topics(tx *bolt.Tx) []string {
 	var names []string
 	_ = tx.Bucket(bktTopics).ForEachBucket(func(k []byte) error {

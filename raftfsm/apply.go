@@ -180,6 +180,7 @@ func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 			return nil, err
 		}
 		n, err := store.QueueReplay(c.IDs, c.All, c.Rate)
+		ev.Replays = append(ev.Replays, TopicGroup{c.Topic, c.Group})
 		return &Result{Accepted: n}, err
 	case OpReplayStep:
 		n, err := g.ReplayStep(c.Now, int(c.Max))

@@ -41,6 +41,10 @@ type Events struct {
 	Tallies map[TopicGroup]*group.Tally
 	// ConfigChanged: a topic was created, changed or deleted.
 	ConfigChanged bool
+	// Replays: groups whose queue of dead letters to replay changed.
+	Replays []TopicGroup
+	// Touched: topics a command of the batch named (repeats possible).
+	Touched []string
 }
 
 func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
@@ -89,6 +93,13 @@ type FSM struct {
 	// Schedule, if set, is called after each batch commits with the due
 	// times the batch created.
 	Schedule func(timers []group.Timer)
+	// ReplayQueued, if set, is called after each batch commits with the
+	// groups whose replay queue it changed (the leader paces only those).
+	ReplayQueued func([]TopicGroup)
+	// TopicsTouched, if set, is called after each batch commits with the
+	// topics its commands named (the leader checks only those, and topics
+	// with time-based retention, for trimming).
+	TopicsTouched func([]string)
 	// Tally, if set, is called after each batch commits with what happened
 	// to messages in it (nacks, expired leases, dead letters, replays),
 	// except for batches at or below TallyFrom: entries this node had
@@ -325,6 +336,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if len(ev.Timers) > 0 && f.Schedule != nil {
 		f.Schedule(ev.Timers)
 	}
+	if len(ev.Replays) > 0 && f.ReplayQueued != nil {
+		f.ReplayQueued(ev.Replays)
+	}
+	if len(ev.Touched) > 0 && f.TopicsTouched != nil {
+		f.TopicsTouched(ev.Touched)
+	}
 	if len(ev.Tallies) > 0 && f.Tally != nil && logs[len(logs)-1].Index > f.TallyFrom.Load() {
 		f.Tally(ev.Tallies)
 	}
@@ -342,6 +359,9 @@ func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result 
 			res.Multi[i] = f.applyOne(tx, idx, sub, ev)
 		}
 		return res
+	}
+	if c.Topic != "" {
+		ev.Touched = append(ev.Touched, c.Topic)
 	}
 	res, err := dispatch(tx, idx, c, ev)
 	if err != nil {

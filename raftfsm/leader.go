@@ -110,6 +110,14 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)
 	defer ret.Stop()
+	if err := n.replays.start(func() ([]TopicGroup, error) { return queuedReplays(n.FSM) }); err != nil {
+		n.logger.Error("rebuild the set of queued replays", "err", err)
+	}
+	defer n.replays.stop()
+	if err := n.trims.start(func() ([]string, error) { return allTopics(n.FSM) }); err != nil {
+		n.logger.Error("list topics to check for trimming", "err", err)
+	}
+	defer n.trims.stop()
 	replay := time.NewTicker(replayEvery)
 	defer replay.Stop()
 	pacer := map[string]*replayPacer{}
@@ -138,6 +146,16 @@ func (n *Node) leaderLoop(ctx context.Context) {
 			n.paceReplays(ctx, pacer)
 		}
 	}
+}
+
+// holdsMessages reports whether any partition of l retains a message.
+func holdsMessages(l *mlog.Log) bool {
+	for p := uint32(0); p < l.Cfg.Partitions; p++ {
+		if part, err := l.Partition(p); err != nil || part.Meta.First < part.Meta.Next {
+			return true
+		}
+	}
+	return false
 }
 
 // sweepLeases proposes the expiry of every lease past its deadline.
@@ -174,18 +192,27 @@ func (n *Node) sweepLeases(ctx context.Context) {
 func (n *Node) enforceRetention(ctx context.Context) {
 	now := Now().UnixMilli()
 	var topics []string
+	cands := n.trims.list()
+	if len(cands) == 0 {
+		return
+	}
 	err := n.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range mlog.Topics(tx) {
+		for _, t := range cands {
 			l, err := mlog.Open(tx, t)
-			if err != nil {
-				return err
+			if err != nil { // deleted
+				n.trims.remove(t)
+				continue
 			}
 			plan, err := TrimPlan(tx, l, now)
 			if err != nil {
 				return err
 			}
 			if len(plan) > 0 {
-				topics = append(topics, t)
+				topics = append(topics, t) // the trim touches it: checked again
+			} else if l.Cfg.RetentionMs == 0 || !holdsMessages(l) {
+				// Only time can make a trim due here, and only with
+				// retention_ms: otherwise a command on the topic will.
+				n.trims.remove(t)
 			}
 		}
 		return nil
@@ -252,21 +279,26 @@ func (n *Node) paceReplays(ctx context.Context, pacers map[string]*replayPacer) 
 		rate         uint64
 	}
 	var jobs []job
+	cands := n.replays.list()
+	if len(cands) == 0 {
+		clear(pacers)
+		return
+	}
 	_ = n.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range mlog.Topics(tx) {
-			l, err := mlog.Open(tx, t)
-			if err != nil {
-				return err
-			}
-			for _, gname := range group.Names(l) {
-				g, err := group.Open(tx, l, gname, false, 0)
-				if err != nil {
-					return err
-				}
-				if store, err := g.DeadLetters(); err == nil && store.ReplayRate() > 0 {
-					jobs = append(jobs, job{t, gname, store.ReplayRate()})
+		for _, tg := range cands {
+			rate := uint64(0)
+			if l, err := mlog.Open(tx, tg.Topic); err == nil {
+				if g, err := group.Open(tx, l, tg.Group, false, 0); err == nil {
+					if store, err := g.DeadLetters(); err == nil {
+						rate = store.ReplayRate()
+					}
 				}
 			}
+			if rate == 0 { // queue empty, or the group or topic is gone
+				n.replays.remove(tg)
+				continue
+			}
+			jobs = append(jobs, job{tg.Topic, tg.Group, rate})
 		}
 		return nil
 	})

@@ -91,7 +91,9 @@ type Node struct {
 	logger    *slog.Logger
 	batch     *batcher
 	sched     *scheduler
-	serving   atomic.Bool // leader with its FSM caught up (after the term's barrier)
+	replays   *workSet[TopicGroup] // groups with a replay queued
+	trims     *workSet[string]     // topics that may need trimming
+	serving   atomic.Bool          // leader with its FSM caught up (after the term's barrier)
 	snaps     *raft.FileSnapshotStore
 	metrics   *nodeMetrics
 	observed  chan raft.Observation
@@ -126,6 +128,8 @@ func Open(cfg Config) (*Node, error) {
 	n.FSM = fsm
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
+	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
+	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
 	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
 	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
 	if err != nil {
