@@ -40,12 +40,16 @@ func runExample(ctx context.Context, t *testing.T, n *tc.Node, name string, args
 	return out.String()
 }
 
-// The examples in four languages against one real node: producers in
-// Python, Node.js, Java and shell publish to one topic (a re-run stores
-// nothing: every answer is a duplicate); group "billing" is consumed by
-// Python and Node.js consumers competing, group "audit" by Java and shell
-// ones. Every message is handled (acked) exactly once per group, and the
-// "flaky" ones are nacked once and handled on redelivery.
+// The examples in four languages against one real node, in two phases.
+// Phase 1: Python and Java producers publish; a Python consumer in group
+// "billing" and a Java one in group "audit" each handle exactly those
+// messages. Phase 2: Node.js and shell producers publish, and a shell re-run
+// of the Python keys stores nothing (every answer a duplicate); a Node.js
+// consumer takes over "billing" and a shell one "audit", and each handles
+// exactly the new messages, none of phase 1's again. So every consumer is
+// checked on its own, every message is handled (acked) exactly once per
+// group across languages, and the "flaky" ones are nacked once and handled
+// on redelivery.
 func TestExamplesCrossLanguage(t *testing.T) {
 	t.Parallel()
 	for _, tool := range exampleTools {
@@ -61,118 +65,138 @@ func TestExamplesCrossLanguage(t *testing.T) {
 	ctx := ctxFor(t, 5*time.Minute)
 	const topic = "orders.examples"
 	mustTopic(t, n, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
-	groups := []string{"billing", "audit"}
-	for _, g := range groups { // before publishing: retention keeps messages for them
+	for _, g := range []string{"billing", "audit"} { // before publishing: retention keeps messages for them
 		if r, err := n.Do(ctx, "PUT", "/v1/topics/"+topic+"/groups/"+g, nil, nil); err != nil || (r.Status != 201 && r.Status != 200) {
 			t.Fatalf("PUT group %s: %v %+v", g, err, r)
 		}
 	}
+	ex := examples{t: t, n: n, ctx: ctx, topic: topic}
+	phase1 := ex.produce(map[string]string{"py": "python", "java": "java", "flaky-py": "python"})
+	ex.consume(phase1, "python", "billing", "java", "audit")
+	phase2 := ex.produce(map[string]string{"node": "node", "sh": "shell", "flaky-node": "node"})
+	out := ex.run("shell producer again", ex.producerCmd("shell", "py", examplesPerProducer)...)
+	if got := strings.Count(out, "duplicate=true"); got != examplesPerProducer {
+		t.Errorf("re-publishing py-* from the shell: %d duplicates, want %d:\n%s", got, examplesPerProducer, out)
+	}
+	ex.consume(phase2, "node", "billing", "shell", "audit")
+}
 
-	const perProducer = 6
-	producers := []struct{ name, prefix string }{
-		{"python", "py"}, {"node", "node"}, {"java", "java"}, {"shell", "sh"}, {"python", "flaky-py"}, {"node", "flaky-node"},
+const examplesPerProducer = 6
+
+type examples struct {
+	t     *testing.T
+	n     *tc.Node
+	ctx   context.Context
+	topic string
+}
+
+func (e examples) run(name string, args ...string) string {
+	return runExample(e.ctx, e.t, e.n, name, args...)
+}
+
+func (e examples) producerCmd(lang, prefix string, count int) []string {
+	c := fmt.Sprint(count)
+	switch lang {
+	case "python":
+		return []string{"python3", "python/producer.py", e.topic, c, prefix}
+	case "node":
+		return []string{"node", "node/producer.mjs", e.topic, c, prefix}
+	case "java":
+		return []string{"java", "java/MqdExample.java", "produce", e.topic, c, prefix}
 	}
-	cmdFor := map[string]func(prefix string, count int) []string{
-		"python": func(p string, c int) []string {
-			return []string{"python3", "python/producer.py", topic, fmt.Sprint(c), p}
-		},
-		"node": func(p string, c int) []string { return []string{"node", "node/producer.mjs", topic, fmt.Sprint(c), p} },
-		"java": func(p string, c int) []string {
-			return []string{"java", "java/MqdExample.java", "produce", topic, fmt.Sprint(c), p}
-		},
-		"shell": func(p string, c int) []string { return []string{"bash", "shell/producer.sh", topic, fmt.Sprint(c), p} },
+	return []string{"bash", "shell/producer.sh", e.topic, c, prefix}
+}
+
+func (e examples) consumerCmd(lang, group string) []string {
+	const idle = "4" // seconds without a message before it exits
+	switch lang {
+	case "python":
+		return []string{"python3", "python/consumer.py", e.topic, group, idle}
+	case "node":
+		return []string{"node", "node/consumer.mjs", e.topic, group, idle}
+	case "java":
+		return []string{"java", "java/MqdExample.java", "consume", e.topic, group, idle}
 	}
-	want := map[string]bool{}
+	return []string{"bash", "shell/consumer.sh", e.topic, group, idle}
+}
+
+// produce runs a producer per key prefix (prefix → language) at once and
+// returns the keys published; "flaky" prefixes publish 2 messages, others
+// examplesPerProducer.
+func (e examples) produce(prefixes map[string]string) map[string]bool {
+	keys := map[string]bool{}
 	var wg sync.WaitGroup
-	for _, p := range producers {
-		count := perProducer
-		if strings.HasPrefix(p.prefix, "flaky") {
+	for prefix, lang := range prefixes {
+		count := examplesPerProducer
+		if strings.HasPrefix(prefix, "flaky") {
 			count = 2
 		}
 		for i := range count {
-			want[fmt.Sprintf("%s-%d", p.prefix, i)] = true
+			keys[fmt.Sprintf("%s-%d", prefix, i)] = true
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out := runExample(ctx, t, n, p.name+" producer", cmdFor[p.name](p.prefix, count)...)
+			out := e.run(lang+" producer", e.producerCmd(lang, prefix, count)...)
 			if got := strings.Count(out, "duplicate=false"); got != count {
-				t.Errorf("%s producer %s: %d new messages, want %d:\n%s", p.name, p.prefix, got, count, out)
+				e.t.Errorf("%s producer %s: %d new messages, want %d:\n%s", lang, prefix, got, count, out)
 			}
 		}()
 	}
 	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+	if e.t.Failed() {
+		e.t.FailNow()
 	}
-	// The same keys again, from another language: nothing new is stored.
-	out := runExample(ctx, t, n, "shell producer again", "bash", "shell/producer.sh", topic, fmt.Sprint(perProducer), "py")
-	if got := strings.Count(out, "duplicate=true"); got != perProducer {
-		t.Errorf("re-publishing py-* from the shell: %d duplicates, want %d:\n%s", got, perProducer, out)
-	}
+	return keys
+}
 
-	consumers := []struct {
-		name, group string
-		args        []string
-	}{
-		{"python", "billing", []string{"python3", "python/consumer.py", topic, "billing", "4"}},
-		{"node", "billing", []string{"node", "node/consumer.mjs", topic, "billing", "4"}},
-		{"java", "audit", []string{"java", "java/MqdExample.java", "consume", topic, "audit", "4"}},
-		{"shell", "audit", []string{"bash", "shell/consumer.sh", topic, "audit", "4"}},
-	}
-	outs := make([]string, len(consumers))
-	for i, cs := range consumers {
+// consume runs one consumer in each of two groups at once and checks that
+// each handled exactly the keys of want once, and nacked the flaky ones.
+func (e examples) consume(want map[string]bool, lang1, group1, lang2, group2 string) {
+	langs, groups := []string{lang1, lang2}, []string{group1, group2}
+	outs := make([]string, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outs[i] = runExample(ctx, t, n, cs.name+" consumer", cs.args...)
+			outs[i] = e.run(langs[i]+" consumer", e.consumerCmd(langs[i], groups[i])...)
 		}()
 	}
 	wg.Wait()
-	handled := map[string]map[string]int{} // group → key → times acked
-	nacked := map[string]map[string]int{}
-	for _, g := range groups {
-		handled[g], nacked[g] = map[string]int{}, map[string]int{}
-	}
-	byLang := map[string]int{}
 	for i, o := range outs {
+		handled, nacked := map[string]int{}, map[string]int{}
 		for _, line := range strings.Split(strings.TrimSpace(o), "\n") {
 			f := strings.Fields(line)
 			if len(f) < 3 {
 				continue
 			}
-			if f[1] != consumers[i].group {
-				t.Errorf("%s consumer of %s printed a line for group %s: %q", consumers[i].name, consumers[i].group, f[1], line)
+			if f[1] != groups[i] {
+				e.t.Errorf("%s consumer of %s printed a line for group %s: %q", langs[i], groups[i], f[1], line)
 				continue
 			}
 			switch f[0] {
 			case "ok":
-				handled[f[1]][f[2]]++
-				byLang[consumers[i].name]++
+				handled[f[2]]++
 			case "nack":
-				nacked[f[1]][f[2]]++
+				nacked[f[2]]++
 			}
 		}
-	}
-	for _, g := range groups {
 		for k := range want {
-			if handled[g][k] != 1 {
-				t.Errorf("group %s handled %s %d times, want exactly once", g, k, handled[g][k])
+			if handled[k] != 1 {
+				e.t.Errorf("%s consumer in group %s handled %s %d times, want exactly once", langs[i], groups[i], k, handled[k])
 			}
-			if strings.HasPrefix(k, "flaky") && nacked[g][k] == 0 {
-				t.Errorf("group %s never nacked %s (its first delivery fails)", g, k)
+			if strings.HasPrefix(k, "flaky") && nacked[k] == 0 {
+				e.t.Errorf("%s consumer in group %s never nacked %s (its first delivery fails)", langs[i], groups[i], k)
 			}
 		}
-		for k := range handled[g] {
+		for k := range handled {
 			if !want[k] {
-				t.Errorf("group %s handled %s, which was never published", g, k)
+				e.t.Errorf("%s consumer in group %s handled %s, which is not this phase's (handled twice in the group, or never published)", langs[i], groups[i], k)
 			}
 		}
-	}
-	t.Logf("messages handled per consumer: %v", byLang)
-	if t.Failed() {
-		for i, o := range outs {
-			t.Logf("%s consumer (%s) output:\n%s", consumers[i].name, consumers[i].group, o)
+		if e.t.Failed() {
+			e.t.Logf("%s consumer (%s) output:\n%s", langs[i], groups[i], o)
 		}
 	}
 }

@@ -126,7 +126,6 @@ public class MqdExample {
                 Thread.sleep(500);
                 continue;
             }
-            if (!msgs.isEmpty()) last = System.nanoTime();
             for (Object o : msgs) {
                 Map<String, Object> m = (Map<String, Object>) o;
                 String value = new String(Base64.getDecoder().decode((String) m.get("value_b64")), StandardCharsets.UTF_8);
@@ -145,6 +144,7 @@ public class MqdExample {
                 if (status.equals("ok")) System.out.println("ok " + group + " " + key + " " + value);
                 else System.err.println("ack " + status + " " + group + " " + key); // stale: it will come again
             }
+            if (!msgs.isEmpty()) last = System.nanoTime(); // idle counts from the end of the last work
         }
     }
 

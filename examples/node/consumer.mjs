@@ -55,7 +55,6 @@ while (Date.now() - last < idleMs) {
     await sleep(500);
     continue;
   }
-  if (msgs.length > 0) last = Date.now();
   for (const m of msgs) {
     const value = Buffer.from(m.value_b64, "base64").toString("utf8");
     const key = m.idempotency_key || `${m.partition}:${m.offset}`;
@@ -70,4 +69,5 @@ while (Date.now() - last < idleMs) {
     if (status === "ok") console.log(`ok ${group} ${key} ${value}`);
     else console.error(`ack ${status} ${group} ${key}`); // stale: it will come again
   }
+  if (msgs.length > 0) last = Date.now(); // idle counts from the end of the last work
 }

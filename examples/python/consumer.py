@@ -58,8 +58,6 @@ def main():
             print(f"fetch failed, retrying: {e}", file=sys.stderr)
             time.sleep(0.5)
             continue
-        if msgs:
-            last = time.monotonic()
         for m in msgs:
             value = base64.b64decode(m["value_b64"]).decode("utf-8", "replace")
             key = m.get("idempotency_key") or f"{m['partition']}:{m['offset']}"
@@ -74,6 +72,8 @@ def main():
                 print(f"ok {group} {key} {value}", flush=True)
             else:  # stale: the lease ran out first; the message will come again
                 print(f"ack {status} {group} {key}", file=sys.stderr, flush=True)
+        if msgs:  # idle counts from the end of the last work
+            last = time.monotonic()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ while [ -z "$idle" ] || [ $(($(now_ms) - last)) -lt $((idle * 1000)) ]; do
     continue
   fi
   n=$(jq '.messages | length' <<<"$answer")
-  [ "$n" -gt 0 ] && last=$(now_ms)
   for ((i = 0; i < n; i++)); do
     m=$(jq -c ".messages[$i]" <<<"$answer")
     receipt=$(jq -r .receipt <<<"$m")
@@ -64,4 +63,5 @@ while [ -z "$idle" ] || [ $(($(now_ms) - last)) -lt $((idle * 1000)) ]; do
       echo "nack $group $key $reason"
     fi
   done
+  if [ "$n" -gt 0 ]; then last=$(now_ms); fi # idle counts from the end of the last work
 done
