@@ -181,7 +181,7 @@ func (n *Node) clockGate(ctx context.Context) bool {
 
 func (n *Node) handOffForClock(st ClockState) {
 	n.logger.Error("not leading: "+st.Reason+"; handing leadership off", "offset", st.Offset)
-	if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+	if err := n.transferLeadership(); err != nil {
 		n.logger.Warn("leadership transfer", "err", err)
 	}
 }

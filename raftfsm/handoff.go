@@ -49,7 +49,7 @@ func (n *Node) HandOff(ctx context.Context) {
 		}
 	}
 	drained := time.Since(start)
-	if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+	if err := n.transferLeadership(); err != nil {
 		n.logger.Warn("leadership transfer", "err", err)
 		return
 	}
@@ -78,4 +78,49 @@ func pauseCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// transferLeadership hands leadership to the best target: a voter this
+// node can reach, that is not stopping, whose clock is within
+// --max-clock-offset of the cluster's, and that has applied the most;
+// raft's own choice (the most up to date follower) when there is none.
+// Raft's choice alone could pick a node that hands it straight back (a
+// stopping node, a node whose clock is off), and the two would bounce it.
+func (n *Node) transferLeadership() error {
+	id, addr, ok := n.transferTarget()
+	var f raft.Future
+	if ok {
+		f = n.Raft.LeadershipTransferToServer(id, addr)
+	} else {
+		f = n.Raft.LeadershipTransfer()
+	}
+	return f.Error()
+}
+
+func (n *Node) transferTarget() (raft.ServerID, raft.ServerAddress, bool) {
+	servers, err := n.Servers()
+	if err != nil {
+		return "", "", false
+	}
+	cluster := n.Clock().Offset.Milliseconds() // this node's clock minus the cluster's
+	max := n.cfg.MaxClockOffset.Milliseconds()
+	var best raft.Server
+	var bestApplied uint64
+	found := false
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	for _, s := range servers {
+		v := n.peers.views[string(s.ID)]
+		if s.Suffrage != raft.Voter || string(s.ID) == n.cfg.ID || v == nil || v.failed ||
+			time.Since(v.lastOK) > probeStale || v.status.Stopping {
+			continue
+		}
+		if d := cluster - v.offsetMs; d < -max || d > max { // its clock minus the cluster's
+			continue
+		}
+		if !found || v.status.AppliedIndex > bestApplied {
+			best, bestApplied, found = s, v.status.AppliedIndex, true
+		}
+	}
+	return best.ID, best.Address, found
 }

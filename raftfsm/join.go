@@ -21,6 +21,7 @@ type Status struct {
 	CommitIndex   uint64 `json:"commit_index"`
 	LastContactMs int64  `json:"last_contact_ms"` // with the leader; 0 on the leader, -1 never
 	NowMs         int64  `json:"now_ms"`          // this node's wall clock (unix ms), for offset measurement
+	Stopping      bool   `json:"stopping"`        // handing leadership off to stop: not a transfer target
 }
 
 // Status reports this node's membership state.
@@ -29,7 +30,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContact().Milliseconds(),
-		NowMs: Now().UnixMilli()}
+		NowMs: Now().UnixMilli(), Stopping: n.HandingOff()}
 }
 
 // Form brings the node into a cluster and returns when its address is

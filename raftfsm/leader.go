@@ -73,7 +73,7 @@ func (n *Node) Run(ctx context.Context) {
 func (n *Node) leaderLoop(ctx context.Context) {
 	n.logger.Info("became leader", "id", n.cfg.ID)
 	if n.HandingOff() { // stopping: do not take leadership back
-		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+		if err := n.transferLeadership(); err != nil {
 			n.logger.Warn("leadership transfer", "err", err)
 		}
 		return

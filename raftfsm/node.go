@@ -382,7 +382,7 @@ func (n *Node) caughtUp() bool {
 // stores. The leader loops end with the context given to Run.
 func (n *Node) Shutdown() error {
 	if n.IsLeader() && !n.HandingOff() && len(n.Raft.GetConfiguration().Configuration().Servers) > 1 {
-		if err := n.Raft.LeadershipTransfer().Error(); err != nil {
+		if err := n.transferLeadership(); err != nil {
 			n.logger.Warn("leadership transfer", "err", err)
 		}
 	}

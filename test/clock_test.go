@@ -62,6 +62,18 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 	for _, k := range []string{"k2", "k3", "k4"} {
 		mustPublish(t, leader, "skew", k, map[string]string{"Idempotency-Key": k})
 	}
+	// The leader hands off to a reachable node with a good clock if it
+	// has one: wait until it sees the paused one unreachable.
+	if _, err := waitView(wctx, leader, "the paused follower unreachable", func(ci tc.ClusterInfo) bool {
+		for _, x := range ci.Nodes {
+			if x.ID == other.ID() {
+				return x.State == "unreachable"
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatal(err)
+	}
 	elected := func() int {
 		b, _ := os.ReadFile(skewed.LogPath())
 		return strings.Count(string(b), "became leader")

@@ -265,15 +265,26 @@ func run(o *options) error {
 		logger.Warn("http shutdown", "err", err)
 	}
 	stopRun()
-	err = node.Shutdown()
+	// Raft's own shutdown is bounded too: it can wait on a leadership
+	// transfer that does not finish. Exiting without it is safe, as after
+	// a crash: the raft log is fsynced, the state file recovers (fsmstate.go).
+	stopped := make(chan error, 1)
+	go func() { stopped <- node.Shutdown() }()
+	select {
+	case err = <-stopped:
+	case <-time.After(raftStopTimeout):
+		logger.Warn("raft did not stop in time; exiting without it", "waited", raftStopTimeout)
+		err = nil
+	}
 	logger.Info("stopped", "took", time.Since(start))
 	return err
 }
 
 // Graceful stop bounds: the hand-off, then everything.
 const (
-	handOffTimeout = 3 * time.Second
-	stopTimeout    = 6 * time.Second
+	handOffTimeout  = 3 * time.Second
+	stopTimeout     = 6 * time.Second
+	raftStopTimeout = 3 * time.Second
 )
 
 func splitList(s string) []string {
