@@ -289,6 +289,7 @@ func (s *jsSystem) batch(ctx context.Context, wl string) (*result, error) {
 	}
 	defer s.dropStream(stream)
 	w := newWindow(s.cfg.warmup, s.cfg.duration)
+	cpu := cpuBetween(w.start, w.end)
 	var acked atomic.Int64
 	var errs errCounter
 	nc, js, err := s.c.connect(leader,
@@ -319,6 +320,9 @@ func (s *jsSystem) batch(ctx context.Context, wl string) (*result, error) {
 	case <-ctx.Done():
 	}
 	r := &result{msgs: acked.Load(), elapsed: s.cfg.duration}
+	if d := <-cpu; d > 0 {
+		r.cpu = d
+	}
 	errs.fill(r)
 	return r, nil
 }

@@ -15,9 +15,18 @@ type result struct {
 	msgs     int64         // messages completed inside the measuring window
 	elapsed  time.Duration // length of the measuring window
 	lat      []time.Duration
-	errs     int64  // failed operations (anywhere, warm-up included)
-	firstErr string // the first of them
-	note     string // anything worth printing under the table
+	errs     int64         // failed operations (anywhere, warm-up included)
+	firstErr string        // the first of them
+	note     string        // anything worth printing under the table
+	cpu      time.Duration // the brokers' CPU time in the window (0: unknown)
+}
+
+// perCPU is messages per CPU-second of the brokers, or 0 if unknown.
+func (r *result) perCPU() float64 {
+	if r == nil || r.cpu <= 0 {
+		return 0
+	}
+	return float64(r.msgs) / r.cpu.Seconds()
 }
 
 func (r *result) rate() float64 {
@@ -73,6 +82,7 @@ func (e *errCounter) fill(r *result) {
 // operations that completed inside it.
 func closedLoop(ctx context.Context, workers int, warmup, dur time.Duration, op func(ctx context.Context, worker int) (int, error)) *result {
 	w := newWindow(warmup, dur)
+	cpu := cpuBetween(w.start, w.end)
 	ctx, cancel := context.WithDeadline(ctx, w.end.Add(30*time.Second))
 	defer cancel()
 	var (
@@ -109,6 +119,9 @@ func closedLoop(ctx context.Context, workers int, warmup, dur time.Duration, op 
 	}
 	wg.Wait()
 	r := &result{msgs: msgs.Load(), elapsed: dur}
+	if d := <-cpu; d > 0 {
+		r.cpu = d
+	}
 	for _, l := range lat {
 		r.lat = append(r.lat, l...)
 	}

@@ -485,6 +485,7 @@ func (s *mqdSystem) preload(ctx context.Context, topic string, n int) error {
 // rate is acked messages over the time that took.
 func consumeLoop(ctx context.Context, consumers, total int, dur time.Duration, cycle func(ctx context.Context) (int, error)) *result {
 	start := time.Now()
+	cpu0, cpuOK := readBrokerCPU()
 	ctx, cancel := context.WithDeadline(ctx, start.Add(dur))
 	defer cancel()
 	var (
@@ -519,6 +520,9 @@ func consumeLoop(ctx context.Context, consumers, total int, dur time.Duration, c
 		}
 	}
 	r := &result{msgs: acked.Load(), elapsed: el}
+	if cpu1, ok := readBrokerCPU(); ok && cpuOK && cpu1 > cpu0 {
+		r.cpu = cpu1 - cpu0 // until the last worker stopped: a little past el
+	}
 	if r.msgs < int64(total) {
 		r.note = fmt.Sprintf("acked %d of %d pre-loaded messages in the %v allowed", r.msgs, total, dur)
 	}
