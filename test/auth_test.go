@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -395,4 +396,64 @@ func pathMatches(pattern, path string) bool {
 		}
 	}
 	return len(ps) == len(xs)
+}
+
+// TestHUPWhileStarting: a SIGHUP that arrives while the node is still
+// starting (after it has read its token file, before it serves) neither
+// kills it nor is lost.
+func TestHUPWhileStarting(t *testing.T) {
+	t.Parallel()
+	fx := authTokens(t, map[string][]string{"ops": {"monitor"}})
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	cmd := exec.Command(tc.Binary(t), "--data-dir", filepath.Join(dir, "d"), "--http-addr", "127.0.0.1:0",
+		"--raft-addr", "127.0.0.1:0", "--auth-file", fx.path)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}) // closed when the process has been reaped
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(logPath)
+		if strings.Contains(string(b), "auth: tokens loaded") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never loaded its tokens:\n%s", b)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("SIGHUP during start ended the node: %v\n%s", waitErr, b)
+		default:
+		}
+		b, _ := os.ReadFile(logPath)
+		if strings.Contains(string(b), "SIGHUP: auth file reloaded") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the SIGHUP was never handled:\n%s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -169,6 +169,11 @@ func serve(args []string) int {
 }
 
 func run(o *options) error {
+	// SIGHUP is caught from the start: its default action would end a
+	// node that config management signals while it is still starting.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -230,7 +235,7 @@ func run(o *options) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go reloadOnHUP(ctx, logger, tokens, certs)
+	go reloadOnHUP(ctx, hup, logger, tokens, certs)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	// The node runs until the HTTP server has stopped, past the signal.
@@ -313,10 +318,7 @@ func loopback(addr string) bool {
 // reloadOnHUP re-reads the token file and the certificates on every
 // SIGHUP until ctx ends. What does not load keeps what was in force; the
 // log says why.
-func reloadOnHUP(ctx context.Context, logger *slog.Logger, tokens *auth.Store, certs *tlsconf.Store) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, logger *slog.Logger, tokens *auth.Store, certs *tlsconf.Store) {
 	for {
 		select {
 		case <-ctx.Done():
