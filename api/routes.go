@@ -79,8 +79,8 @@ type route struct {
 	ctx          context.Context // the request's deadline, for leader routes
 }
 
-// routes is the whole HTTP API. docs/API.md and openapi.yaml describe
-// the same list (a test compares them).
+// routes is the whole HTTP API: openapi.yaml describes the same list
+// (TestOpenAPI compares them) and docs/API.md explains it.
 func (s *Server) routes() []Route {
 	const (
 		topic = "/v1/topics/{topic}"
@@ -128,9 +128,6 @@ func (s *Server) routes() []Route {
 		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
 	}
 }
-
-// Routes is the route table, for documentation checks and for auth.
-func (s *Server) Routes() []Route { return append([]Route(nil), s.table...) }
 
 // node is one path segment of the route tree.
 type node struct {

@@ -65,7 +65,6 @@ type Server struct {
 	waiters    *waiters
 	metrics    *metrics
 	cfgs       cfgCache
-	table      []Route
 	router     *router
 	connLimits Limits
 	conns      *connLimiter
@@ -84,8 +83,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	s.polls = newPollGauge()
 	s.pollFwd = make(chan struct{}, max(1, s.connLimits.ForwardConns/2))
 	s.metrics = newMetrics(s)
-	s.table = s.routes()
-	rt, err := newRouter(s.table)
+	rt, err := newRouter(s.routes())
 	if err != nil {
 		panic(err) // the table is a constant of the program
 	}
