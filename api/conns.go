@@ -31,12 +31,15 @@ type Limits struct {
 	// to forward requests; long-polls use at most half of them, and only
 	// for short fetches.
 	ForwardConns int
+	// BodyBudget is the most request body bytes admitted at once (bodies
+	// over 64 KiB count; a request that would pass it answers 503).
+	BodyBudget int64
 }
 
 // DefaultLimits are the limits of a node started without flags.
 func DefaultLimits() Limits {
 	return Limits{MaxConns: 10000, MaxConnsPerIP: 1000, ReadTimeout: 10 * time.Second,
-		IdleTimeout: 30 * time.Second, ForwardConns: 512}
+		IdleTimeout: 30 * time.Second, ForwardConns: 512, BodyBudget: 128 << 20}
 }
 
 func (l Limits) withDefaults() Limits {
@@ -56,6 +59,10 @@ func (l Limits) withDefaults() Limits {
 	if l.ForwardConns <= 0 {
 		l.ForwardConns = d.ForwardConns
 	}
+	if l.BodyBudget <= 0 {
+		l.BodyBudget = d.BodyBudget
+	}
+	l.BodyBudget = max(l.BodyBudget, maxBodyBytes) // the largest body must fit
 	return l
 }
 

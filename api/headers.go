@@ -41,9 +41,12 @@ func checkKey(name, v string) (string, error) {
 // each class gets a fixed message and the original never reaches the
 // client.
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	defer s.budget.release(&ctx.Request.Header)
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error
 	switch {
+	case len(ctx.Request.Header.Peek(refusedHeader)) > 0:
+		err = s.budget.errBudget()
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		err = fmt.Errorf("%w: body over %d bytes", ErrBodyTooLarge, maxBodyBytes)
 	case errors.As(err, &small):

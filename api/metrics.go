@@ -57,6 +57,7 @@ func newMetrics(s *Server) *metrics {
 		}
 	}
 	m.reg.MustRegister(s.conns.collectors()...)
+	m.reg.MustRegister(s.budget.collectors()...)
 	m.reg.MustRegister(s.polls)
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m

@@ -68,6 +68,7 @@ type Server struct {
 	router     *router
 	connLimits Limits
 	conns      *connLimiter
+	budget     *bodyBudget
 	polls      prometheus.Gauge // parked long-polls
 	pollFwd    chan struct{}    // slots for long-polls' short forwards: half the pool
 	rr         atomic.Uint32    // round-robin partition choice
@@ -79,6 +80,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
 		connLimits: opts.Limits.withDefaults()}
 	s.conns = newConnLimiter(s.connLimits, logger)
+	s.budget = newBodyBudget(s.connLimits.BodyBudget)
 	s.conns.tls = opts.TLS != nil
 	s.polls = newPollGauge()
 	s.pollFwd = make(chan struct{}, max(1, s.connLimits.ForwardConns/2))
@@ -135,7 +137,13 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 // bodyTimeout gives a request's body ReadTimeout plus its length at
 // bodyMinRate (a chunked body: the largest one's), from the end of its
 // head: a client that sends slower than that is cut off.
+// It also admits the body against the in-flight byte budget.
 func (s *Server) bodyTimeout(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if s.budget.admit(h) {
+		// Refused: a limit below the body's length makes fasthttp answer
+		// (parseError) without reading it.
+		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
+	}
 	n := h.ContentLength()
 	if n < 0 {
 		n = maxBodyBytes
@@ -161,6 +169,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // (before anything about the request is validated or looked up, so that a
 // refused caller learns nothing about what exists), validate the names, run.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer s.budget.release(&ctx.Request.Header)
 	start := time.Now()
 	id := requestID(ctx)
 	r := &route{}

@@ -188,6 +188,10 @@ func (b *batcher) commit(batch []*pending) {
 // 47.0k/45.7k msgs/s with one entry per commit.
 const entryBytes = 64 << 10
 
+// maxAppendEntries bounds the entries raft sends a follower in one
+// AppendEntries (node.go): with entryBytes, about 4 MiB of batched commands.
+const maxAppendEntries = 64
+
 type entry struct {
 	first, n int // batch[first : first+n]
 	data     []byte

@@ -1,0 +1,135 @@
+package test
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// rssBound is the most anonymous resident memory a node may reach under
+// the large bodies of TestLargeBodiesBoundedMemory (docs/reliability.md).
+const rssBound = 1280 << 20
+
+// statusKB reads a field of /proc/PID/status in bytes.
+func statusKB(pid int, field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// peakSampler samples a process's anonymous resident memory (RssAnon: the
+// heap and stacks, not the data files bbolt and the raft log map, which
+// the kernel can drop) every 20 ms until stopped, and keeps the highest.
+func peakSampler(pid int) (stop func() int64) {
+	done := make(chan struct{})
+	res := make(chan int64, 1)
+	go func() {
+		var peak int64
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if v, err := statusKB(pid, "RssAnon"); err == nil {
+				peak = max(peak, v)
+			}
+			select {
+			case <-done:
+				res <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(done); return <-res }
+}
+
+// 30 clients publish a 16 MiB message each, at once, to one node: the
+// node admits bodies against its in-flight budget (128 MiB by default) and
+// answers the rest 503 with Retry-After before reading them (status 0 in
+// the log: the client saw its connection reset while still sending), so
+// its peak RSS stays under rssBound; it survives, and each client that
+// retries gets its message stored once.
+func TestLargeBodiesBoundedMemory(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
+	const clients, size = 30, 16 << 20
+	base, _ := statusKB(n.PID(), "RssAnon")
+	stop := peakSampler(n.PID())
+	ctx := ctxFor(t, 3*time.Minute)
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var bad []string
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := bytes.Repeat([]byte{byte('a' + i%26)}, size)
+			// Each client retries 503s (as the Retry-After says), with
+			// its idempotency key, until stored.
+			for attempt := 0; ctx.Err() == nil; attempt++ {
+				r, err := n.Do(ctx, http.MethodPost, "/v1/topics/big/messages", body,
+					map[string]string{"Idempotency-Key": fmt.Sprintf("big-%d", i), "Mq-Timeout-Ms": "60000"})
+				mu.Lock()
+				if err != nil {
+					// Refused before its body was read, the request's
+					// connection is closed while the client may still be
+					// sending: it sees a reset instead of the 503 (unless
+					// it sent Expect: 100-continue). Retried like a 503.
+					statuses[0]++
+					mu.Unlock()
+					time.Sleep(time.Duration(100+50*attempt%500) * time.Millisecond)
+					continue
+				}
+				statuses[r.Status]++
+				mu.Unlock()
+				switch {
+				case r.Status == http.StatusCreated || r.Status == http.StatusOK:
+					return
+				case r.Status == http.StatusServiceUnavailable && r.Header.Get("Retry-After") != "":
+					time.Sleep(time.Duration(100+50*attempt%500) * time.Millisecond)
+				default:
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("client %d: %d %s", i, r.Status, shorten(string(r.Body))))
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	peak := stop()
+	hwm, err := statusKB(n.PID(), "VmHWM")
+	if err != nil {
+		t.Fatalf("node gone? %v", err)
+	}
+	t.Logf("30 x 16 MiB publishes: answers %v; peak anonymous RSS %d MiB (%d MiB before); VmHWM (with mapped data files) %d MiB",
+		statuses, peak>>20, base>>20, hwm>>20)
+	if len(bad) > 0 {
+		t.Errorf("answers other than 201/200 or 503 with Retry-After: %v", bad)
+	}
+	if peak > rssBound {
+		t.Errorf("peak anonymous RSS %d MiB, over the documented bound of %d MiB", peak>>20, rssBound>>20)
+	}
+	if s, err := n.Stats(ctxFor(t, 15*time.Second), "big"); err != nil || s.Messages != clients {
+		t.Errorf("stored %d messages (%v), want %d", s.Messages, err, clients)
+	}
+	mustPublish(t, n, "big", "small after the flood", nil)
+}
