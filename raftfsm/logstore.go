@@ -98,7 +98,7 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 			_ = meta.Close()
 			return nil, fmt.Errorf("raft wal: %w", err)
 		}
-		s.log, s.closers = w, []io.Closer{w, meta}
+		s.log, s.closers = walLog{w}, []io.Closer{w, meta}
 	}
 	s.stable, err = raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(dir, raftDBFile),
@@ -133,6 +133,27 @@ func (f truncatedTailFiler) Open(info types.SegmentInfo) (types.SegmentReader, e
 		return f.Filer.RecoverTail(info)
 	}
 	return f.Filer.Open(info)
+}
+
+// walLog works around another raft-wal v0.4.0 behaviour: after raft
+// compacts the log's head (DeleteRange from the first index, after a
+// snapshot), entries below the new first index are still served while they
+// sit in the unsealed tail segment. They are committed entries, so nothing
+// wrong is served, but a leader then replicates the compacted log to a
+// follower that needs a snapshot (a wiped node) instead of sending it the
+// snapshot. GetLog answers raft.ErrLogNotFound below FirstIndex, as
+// raft-boltdb does.
+type walLog struct{ *wal.WAL }
+
+func (w walLog) GetLog(index uint64, l *raft.Log) error {
+	first, err := w.WAL.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if index < first {
+		return raft.ErrLogNotFound
+	}
+	return w.WAL.GetLog(index, l)
 }
 
 // Close closes the stores.

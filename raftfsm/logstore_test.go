@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -102,5 +103,37 @@ func TestWALReopensAfterTailTruncation(t *testing.T) {
 	}
 	if last, err := s.log.LastIndex(); err != nil || last != 12 {
 		t.Fatalf("last index %d, %v; want 12", last, err)
+	}
+}
+
+// After raft compacts the log's head, the entries below the new first index
+// are gone for readers too (raft sends a snapshot for them), whichever store.
+func TestCompactedEntriesNotServed(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, kind := range []string{LogStoreWAL, LogStoreBolt} {
+		t.Run(kind, func(t *testing.T) {
+			s, err := openRaftStores(t.TempDir(), kind, logger, hclog.NewNullLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var logs []*raft.Log
+			for i := uint64(1); i <= 100; i++ {
+				logs = append(logs, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte("x")})
+			}
+			if err := s.log.StoreLogs(logs); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.log.DeleteRange(1, 50); err != nil {
+				t.Fatal(err)
+			}
+			var l raft.Log
+			if err := s.log.GetLog(10, &l); !errors.Is(err, raft.ErrLogNotFound) {
+				t.Fatalf("GetLog(10) after compacting 1..50: %v, want raft.ErrLogNotFound", err)
+			}
+			if err := s.log.GetLog(51, &l); err != nil || l.Index != 51 {
+				t.Fatalf("GetLog(51): %+v %v", l, err)
+			}
+		})
 	}
 }

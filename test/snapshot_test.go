@@ -105,6 +105,9 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 	}
 	t.Logf("leader %s: applied %d, last snapshot %d; wiped follower %s: applied %d, last snapshot %d",
 		leader, lci.AppliedIndex, lci.LastSnapshotIndex, f, fci.AppliedIndex, fci.LastSnapshotIndex)
+	if fci.LastSnapshotIndex == 0 {
+		t.Errorf("wiped follower %s caught up without a snapshot (last_snapshot_index 0): the leader served compacted log entries", f)
+	}
 
 	if s, err := f.Stats(ctx, topic); err != nil || s.Messages != total || s.NextOffsets() != total {
 		t.Errorf("stats via wiped follower %s: messages %d, next offsets %d, err %v; want %d", f, s.Messages, s.NextOffsets(), err, total)
