@@ -23,12 +23,19 @@ func testFirstFetchCreatesGroup(t *testing.T, c *tc.Cluster) {
 	if err != nil || len(msgs) != 0 {
 		t.Fatalf("first fetch of A on the empty topic via follower %s: %d messages, %v", fs[0], len(msgs), err)
 	}
+	// A long-poll through a follower waits there (it forwards only short
+	// fetches): its first fetch must still create the group at once.
+	if msgs, _, err := fs[0].Fetch(ctx, topic, "A-poll", tc.FetchRequest{Max: 10, WaitMs: 300}); err != nil || len(msgs) != 0 {
+		t.Fatalf("first long-poll of A-poll on the empty topic via follower %s: %d messages, %v", fs[0], len(msgs), err)
+	}
 	st, err := leader.Stats(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := st.Groups["A"]; !ok {
-		t.Fatalf("after A's first fetch the topic's groups are %v: the fetch did not create A", st.Groups)
+	for _, g := range []string{"A", "A-poll"} {
+		if _, ok := st.Groups[g]; !ok {
+			t.Fatalf("after %s's first fetch the topic's groups are %v: the fetch did not create %s", g, st.Groups, g)
+		}
 	}
 
 	want := map[string]bool{}
@@ -53,9 +60,11 @@ func testFirstFetchCreatesGroup(t *testing.T, c *tc.Cluster) {
 	if _, err := pollStats(ctx, leader, control, func(s tc.TopicStats) bool { return s.Messages == 0 }); err != nil {
 		t.Fatal(err)
 	}
-	got, err = drain(ctx, fs[0], topic, "A", time.Second)
-	if err != nil {
-		t.Fatal(err)
+	for _, g := range []string{"A", "A-poll"} {
+		got, err = drain(ctx, fs[0], topic, g, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkExactly(t, "group "+g+" (first fetched before any publish)", values(t, distinctByPosition(got)), want)
 	}
-	checkExactly(t, "group A (first fetched before any publish)", values(t, distinctByPosition(got)), want)
 }
