@@ -1,6 +1,12 @@
 package api
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
@@ -116,3 +122,43 @@ func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
 	writeJSON(ctx, 200, map[string]any{"joined": info.ID})
 	return nil
 }
+
+// backup answers GET /v1/cluster/backup on the node that receives it (a
+// follower too; no forwarding): the state machine as one bbolt read
+// transaction saw it, copied to a temporary file first and then streamed
+// (raftfsm.Node.Backup). Mq-Applied-Index names the raft index the copy
+// is consistent at.
+func (s *Server) backup(ctx *fasthttp.RequestCtx, _ *route) error {
+	b, err := s.node.Backup()
+	if err != nil {
+		return err
+	}
+	ctx.Response.Header.Set("Mq-Applied-Index", strconv.FormatUint(b.Index, 10))
+	ctx.Response.Header.Set("Content-Disposition",
+		fmt.Sprintf(`attachment; filename="mqd-backup-%d.db"`, b.Index))
+	ctx.SetContentType("application/octet-stream")
+	ctx.SetStatusCode(200)
+	// fasthttp sets the write deadline (30 s) once for the whole answer:
+	// each read of the body moves it on, so that a large backup is cut off
+	// only when the client stops reading, not when it takes long.
+	ctx.SetBodyStream(&deadlineReader{f: b.File, conn: ctx.Conn(), d: backupWriteTimeout}, int(b.Size))
+	return nil
+}
+
+const backupWriteTimeout = 30 * time.Second
+
+// deadlineReader is the backup's body stream: it extends the connection's
+// write deadline before each read and closes the file at the end (fasthttp
+// closes a body stream that is an io.Closer).
+type deadlineReader struct {
+	f    *os.File
+	conn net.Conn
+	d    time.Duration
+}
+
+func (r *deadlineReader) Read(p []byte) (int, error) {
+	_ = r.conn.SetWriteDeadline(time.Now().Add(r.d))
+	return r.f.Read(p)
+}
+
+func (r *deadlineReader) Close() error { return r.f.Close() }

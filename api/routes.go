@@ -104,6 +104,7 @@ func (s *Server) routes() []Route {
 		rt("GET", "/v1/internal/status", false, PermCluster, s.status),
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
 		rt("DELETE", "/v1/cluster/nodes/{id}", true, PermCluster, s.removeNode),
+		rt("GET", "/v1/cluster/backup", false, PermCluster, s.backup),
 		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),
 		rt("GET", "/ui", false, PermOpen, s.console),
 		rt("GET", "/ui/{file...}", false, PermOpen, s.console),
