@@ -70,8 +70,13 @@ func parseDays(v string) (time.Duration, error) {
 	return time.ParseDuration(v)
 }
 
-// clockOffsetFresh is how old a measured offset may be to count.
-const clockOffsetFresh = 5 * time.Second
+// clockOffsetFresh is how old a measured offset may be to count. Offsets
+// change slowly (NTP slews at most 0.5 ms a second: 15 ms in 30 s), so a
+// member that stopped answering a moment ago still vouches for this node's
+// clock: a leader does not step down for its clock the instant one
+// follower pauses while another is skewed. A sudden jump of a clock that
+// answers shows on its next probe, 500 ms later.
+const clockOffsetFresh = 30 * time.Second
 
 // clock is what this node knows of the others' clocks.
 type clock struct {
