@@ -124,7 +124,7 @@ func (s *Server) routes() []Route {
 		rt("POST", grp+"/ack", true, PermConsume, s.ack),
 		rt("POST", grp+"/nack", true, PermConsume, s.nack),
 		rt("POST", grp+"/extend", true, PermConsume, s.extend),
-		rt("GET", grp+"/dlq", true, PermConsume|PermAdmin, s.listDeadLetters),
+		rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters),
 		rt("POST", grp+"/dlq/replay", true, PermAdmin, s.replayDeadLetters),
 		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
 	}

@@ -131,7 +131,7 @@ func TestRouteTable(t *testing.T) {
 		"POST /v1/topics/{topic}/groups/{group}/dlq/replay": PermAdmin,
 		"DELETE /v1/topics/{topic}/groups/{group}/dlq/{id}": PermAdmin,
 		"POST /v1/topics/{topic}/messages:batch":            PermPublish,
-		"GET /v1/topics/{topic}/groups/{group}/dlq":         PermConsume | PermAdmin,
+		"GET /v1/topics/{topic}/groups/{group}/dlq":         PermConsume, // SPEC §8: listing dead letters is consume's
 	}
 	for _, r := range table {
 		k := r.Method + " " + r.Pattern

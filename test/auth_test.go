@@ -107,7 +107,7 @@ func authMatrix() []authCase {
 		{"POST", g + "/ack", receipts, "admin", "cons", 200},
 		{"POST", g + "/nack", receipts, "pub", "cons", 200},
 		{"POST", g + "/extend", map[string]any{"receipts": []string{"bogus"}, "lease_ms": 1000}, "other", "cons", 200},
-		{"GET", g + "/dlq", nil, "pub", "cons", 200},
+		{"GET", g + "/dlq", nil, "admin", "cons", 200}, // SPEC §8: listing is consume's, not admin's
 		{"POST", g + "/dlq/replay", map[string]any{"all": true}, "cons", "admin", 200},
 		{"DELETE", g + "/dlq/12345", nil, "cons", "admin", 404},
 		{"DELETE", g, nil, "cons", "admin", 200},
