@@ -73,14 +73,7 @@ func (l *limiters) connection(c net.Conn) error {
 	if l.cfg.PerConnection <= 0 || c == nil {
 		return nil
 	}
-	l.mu.Lock()
-	lim, ok := l.conns[c]
-	if !ok {
-		lim = newLimiter(l.cfg.PerConnection)
-		l.conns[c] = lim
-	}
-	l.mu.Unlock()
-	return take(lim, "connection")
+	return take(bucket(&l.mu, l.conns, c, l.cfg.PerConnection), "connection")
 }
 
 // token charges one request to the bucket of the token named name.
@@ -88,14 +81,19 @@ func (l *limiters) token(name string) error {
 	if l.cfg.PerToken <= 0 {
 		return nil
 	}
-	l.mu.Lock()
-	lim, ok := l.tokens[name]
+	return take(bucket(&l.mu, l.tokens, name, l.cfg.PerToken), "token")
+}
+
+// bucket is m's limiter for k, made at perSec on first use.
+func bucket[K comparable](mu *sync.Mutex, m map[K]*rate.Limiter, k K, perSec float64) *rate.Limiter {
+	mu.Lock()
+	defer mu.Unlock()
+	lim, ok := m[k]
 	if !ok {
-		lim = newLimiter(l.cfg.PerToken)
-		l.tokens[name] = lim
+		lim = newLimiter(perSec)
+		m[k] = lim
 	}
-	l.mu.Unlock()
-	return take(lim, "token")
+	return lim
 }
 
 // connState forgets a connection's bucket when it closes.
