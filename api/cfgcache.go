@@ -4,7 +4,7 @@ import (
 	"sync"
 
 	mlog "github.com/mqd/mqd/log"
-	bolt "go.etcd.io/bbolt"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // cfgCache keeps topic configurations between changes, so that a publish
@@ -30,9 +30,9 @@ func (s *Server) topicConfig(topic string) (mlog.Config, error) {
 	if hit {
 		return cfg, nil
 	}
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
 		var err error
-		cfg, err = mlog.GetConfig(tx, topic)
+		cfg, err = r.TopicConfig(topic)
 		return err
 	})
 	if err != nil {

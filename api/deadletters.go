@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/dlq"
-	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
-	bolt "go.etcd.io/bbolt"
 )
 
 const (
@@ -123,28 +121,18 @@ func (s *Server) listDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	if len(key) > maxKeyLen {
 		return fmt.Errorf("%w: idempotency_key over %d bytes", ErrBadRequest, maxKeyLen)
 	}
-	out := []deadLetterJSON{}
-	err = s.node.FSM.View(func(tx *bolt.Tx) error {
-		l, err := mlog.Open(tx, r.topic)
-		if err != nil {
-			return err
-		}
-		g, err := group.Open(tx, l, r.group, false, 0)
-		if err != nil {
-			return err
-		}
-		store, err := g.DeadLetters()
-		if err != nil {
-			return err
-		}
-		letters, err := store.List(after, int(limit), key)
-		for _, lt := range letters {
-			out = append(out, letterJSON(lt))
-		}
+	var letters []*dlq.Letter
+	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+		var err error
+		letters, err = rd.DeadLetters(r.topic, r.group, after, int(limit), key)
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	out := make([]deadLetterJSON, 0, len(letters))
+	for _, lt := range letters {
+		out = append(out, letterJSON(lt))
 	}
 	var next any
 	if len(out) == int(limit) {

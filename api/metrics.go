@@ -6,14 +6,12 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/group"
-	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
-	bolt "go.etcd.io/bbolt"
 )
 
 // metrics are the HTTP layer's Prometheus families; the node adds its own
@@ -108,15 +106,13 @@ func (s *Server) metricsHandler(ctx *fasthttp.RequestCtx, _ *route) error {
 // first event), and drops the series of deleted ones.
 func (s *Server) syncSeries() {
 	now := map[raftfsm.TopicGroup]bool{}
-	_ = s.node.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range mlog.Topics(tx) {
-			now[raftfsm.TopicGroup{Topic: t}] = true
-			if l, err := mlog.Open(tx, t); err == nil {
-				for _, g := range group.Names(l) {
-					now[raftfsm.TopicGroup{Topic: t, Group: g}] = true
-				}
+	_ = s.node.FSM.Read(func(r *raftfsm.Reader) error {
+		r.EachTopicGauges(nowMs(), func(t *raftfsm.TopicGauges) {
+			now[raftfsm.TopicGroup{Topic: t.Name}] = true
+			for _, g := range t.Groups {
+				now[raftfsm.TopicGroup{Topic: t.Name, Group: g.Name}] = true
 			}
-		}
+		})
 		return nil
 	})
 	m := s.metrics
@@ -172,40 +168,21 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	now := nowMs()
 	gauge := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
-	_ = c.s.node.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range mlog.Topics(tx) {
-			l, err := mlog.Open(tx, t)
-			if err != nil {
-				continue
+	_ = c.s.node.FSM.Read(func(r *raftfsm.Reader) error {
+		r.EachTopicGauges(nowMs(), func(t *raftfsm.TopicGauges) {
+			gauge(descTopicMessages, t.Messages, t.Name)
+			gauge(descTopicBytes, t.Bytes, t.Name)
+			for _, g := range t.Groups {
+				gauge(descBacklog, g.Waiting, t.Name, g.Name)
+				gauge(descInFlight, g.InFlight, t.Name, g.Name)
+				gauge(descDLQ, g.DLQ, t.Name, g.Name)
+				ch <- prometheus.MustNewConstMetric(descAcked, prometheus.CounterValue, float64(g.Acked), t.Name, g.Name)
+				ch <- prometheus.MustNewConstMetric(descSkipped, prometheus.CounterValue, float64(g.DuplicatesSkipped), t.Name, g.Name)
 			}
-			var msgs, bytes uint64
-			for i := uint32(0); i < l.Cfg.Partitions; i++ {
-				if p, err := l.Partition(i); err == nil {
-					msgs, bytes = msgs+p.Meta.Count(), bytes+p.Meta.Bytes
-				}
-			}
-			gauge(descTopicMessages, msgs, t)
-			gauge(descTopicBytes, bytes, t)
-			for _, name := range group.Names(l) {
-				g, err := group.Open(tx, l, name, false, now)
-				if err != nil {
-					continue
-				}
-				gs, err := g.Gauges()
-				if err != nil {
-					continue
-				}
-				gauge(descBacklog, gs.Waiting, t, name)
-				gauge(descInFlight, gs.InFlight, t, name)
-				gauge(descDLQ, gs.DLQ, t, name)
-				ch <- prometheus.MustNewConstMetric(descAcked, prometheus.CounterValue, float64(gs.Acked), t, name)
-				ch <- prometheus.MustNewConstMetric(descSkipped, prometheus.CounterValue, float64(gs.DuplicatesSkipped), t, name)
-			}
-		}
+		})
 		return nil
 	})
 }

@@ -7,11 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mqd/mqd/group"
-	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-	bolt "go.etcd.io/bbolt"
 )
 
 // Errors of parked long-polls.
@@ -110,22 +108,14 @@ func (s *Server) pollViaLeader(ctx *fasthttp.RequestCtx, r *route, fa fetchArgs)
 // would lease something (or create the group): when in doubt, yes. If not,
 // due is when the group's next waiting message becomes due (zero: none).
 func (s *Server) mayLease(r *route) (ok bool, due time.Time) {
-	ok = true
-	_ = s.node.FSM.View(func(tx *bolt.Tx) error {
-		if _, err := mlog.GetConfig(tx, r.topic); err != nil {
-			return err // the leader answers the error
-		}
-		now := nowMs()
+	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
 		var err error
-		if ok, err = group.NeedsLease(tx, r.topic, r.group, now); err != nil || ok {
-			ok = true
-			return nil
-		}
-		if at, has, err := group.NextDue(tx, r.topic, r.group, now); err == nil && has {
-			due = time.UnixMilli(at)
-		}
-		return nil
+		ok, due, err = rd.LeaseOutlook(r.topic, r.group, nowMs())
+		return err
 	})
+	if err != nil {
+		return true, time.Time{} // the leader answers the error
+	}
 	return ok, due
 }
 

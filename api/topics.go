@@ -7,7 +7,6 @@ import (
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
-	bolt "go.etcd.io/bbolt"
 )
 
 // topicBody is the JSON of PUT /v1/topics/{topic}: every field optional.
@@ -87,16 +86,16 @@ func (s *Server) getTopic(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) error {
-	var st *topicStats
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
+	var st *raftfsm.TopicStats
+	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
 		var err error
-		st, err = readTopicStats(tx, topic, nowMs())
+		st, err = r.TopicStats(topic, nowMs())
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	writeJSON(ctx, status, st)
+	writeJSON(ctx, status, topicJSON(st))
 	return nil
 }
 
@@ -116,31 +115,12 @@ type topicStats struct {
 	Groups     map[string]group.Stats `json:"groups"`
 }
 
-func readTopicStats(tx *bolt.Tx, topic string, now int64) (*topicStats, error) {
-	l, err := mlog.Open(tx, topic)
-	if err != nil {
-		return nil, err
+func topicJSON(st *raftfsm.TopicStats) *topicStats {
+	out := &topicStats{Name: st.Name, Config: st.Config, Messages: st.Messages, Bytes: st.Bytes, Groups: st.Groups}
+	for _, p := range st.Partitions {
+		out.Partitions = append(out.Partitions, partStats{p.Partition, p.FirstOffset, p.NextOffset, p.Messages})
 	}
-	st := &topicStats{Name: topic, Config: l.Cfg, Groups: map[string]group.Stats{}}
-	for i := uint32(0); i < l.Cfg.Partitions; i++ {
-		p, err := l.Partition(i)
-		if err != nil {
-			return nil, err
-		}
-		st.Partitions = append(st.Partitions, partStats{i, p.Meta.First, p.Meta.Next, p.Meta.Count()})
-		st.Messages += p.Meta.Count()
-		st.Bytes += p.Meta.Bytes
-	}
-	for _, n := range group.Names(l) {
-		g, err := group.Open(tx, l, n, false, now)
-		if err != nil {
-			return nil, err
-		}
-		if st.Groups[n], err = g.Stats(now); err != nil {
-			return nil, err
-		}
-	}
-	return st, nil
+	return out
 }
 
 // maxTopicPage is the most topics GET /v1/topics answers at once.
@@ -158,9 +138,9 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	out := []*topicStats{}
 	next := ""
 	now := nowMs()
-	err = s.node.FSM.View(func(tx *bolt.Tx) error {
+	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
 		var err error
-		mlog.EachTopicAfter(tx, after, func(t string) bool {
+		rd.EachTopicAfter(after, func(t string) bool {
 			if !r.sees(t) {
 				return true
 			}
@@ -168,11 +148,11 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 				next = out[len(out)-1].Name
 				return false
 			}
-			var st *topicStats
-			if st, err = readTopicStats(tx, t, now); err != nil {
+			var st *raftfsm.TopicStats
+			if st, err = rd.TopicStats(t, now); err != nil {
 				return false
 			}
-			out = append(out, st)
+			out = append(out, topicJSON(st))
 			return true
 		})
 		return err
