@@ -139,7 +139,9 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, e
 	if leaseMs == 0 {
 		leaseMs = cfg.AckTimeoutMs
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpLease, Now: now, Topic: r.topic, Group: r.group,
+	// Group-committed: concurrent fetches (and publishes, acks) share one
+	// raft entry and one FSM transaction.
+	res, err := s.node.ApplyBatched(r.ctx, &raftfsm.Command{Op: raftfsm.OpLease, Now: now, Topic: r.topic, Group: r.group,
 		Max: uint32(max), LeaseMs: leaseMs})
 	if err != nil {
 		return nil, err

@@ -7,8 +7,10 @@
 //	go test -run '^$' -bench DelayedLateness ./bench/                  # 20k messages, Mq-Delay-Ms over 200ms..3.2s
 //	go test -run '^$' -bench DelayedLateness ./bench/ -delayed.msgs=50000 -delayed.spread=5s
 //
-// ConsumeAck: b.N is the number of messages; it reports msgs/s acked and the
-// latency of a fetch+ack round (fetch sent to ack answered) p50/p99/p999.
+// ConsumeAck: b.N is the number of messages; it reports msgs/s acked, the
+// CPU of the cluster's node processes and of its leader per message
+// (cpu_us/msg, leader_cpu_us/msg), and the latency of a fetch+ack round
+// (fetch sent to ack answered) p50/p99/p999.
 // EndToEnd and DelayedLateness ignore b.N (see fixed): EndToEnd reports the
 // delivered msgs/s and publish-to-delivery p50/p99/p999; DelayedLateness
 // reports the publish msgs/s (its load) and the lateness percentiles.
@@ -148,11 +150,14 @@ func BenchmarkConsumeAck(b *testing.B) {
 		var total atomic.Int64
 		var end time.Time
 		done := make(chan struct{})
+		var cpuEnd cpuSample
 		b.StartTimer()
+		cpuStart := s.cpu()
 		start := time.Now()
 		wait := s.consumers(ctx, topic, "g", consumers, max, 200, false, nil, func(n int) {
 			if total.Add(int64(n)) == int64(b.N) {
 				end = time.Now()
+				cpuEnd = s.cpu()
 				close(done)
 			}
 		})
@@ -170,7 +175,8 @@ func BenchmarkConsumeAck(b *testing.B) {
 			b.Fatal(err)
 		}
 		elapsed := end.Sub(start)
-		report(b, append([]metric{{float64(b.N) / elapsed.Seconds(), "msgs/s"}}, latencyMetrics("", lat)...))
+		ms := append([]metric{{float64(b.N) / elapsed.Seconds(), "msgs/s"}}, cpuMetrics(cpuStart, cpuEnd, b.N)...)
+		report(b, append(ms, latencyMetrics("", lat)...))
 	})
 }
 

@@ -186,8 +186,11 @@ const (
 )
 
 // check classifies a receipt against the group's state at time now.
-func (g *Group) check(now int64, r Receipt, appliedIdx uint64) (record, string, error) {
-	if r.Delivery > appliedIdx || r.Partition >= g.log.Cfg.Partitions {
+// A receipt names the lease of an earlier entry: leases share entries with
+// acks, extends and nacks (group commit), and a receipt naming the entry
+// that carries it was never handed out when it was sent.
+func (g *Group) check(now int64, r Receipt, idx uint64) (record, string, error) {
+	if r.Delivery >= idx || r.Partition >= g.log.Cfg.Partitions {
 		return record{}, StatusInvalid, nil
 	}
 	next, err := g.cursor(r.Partition)

@@ -10,10 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Group commit above Raft: concurrent publishes, acks and extends are
-// gathered into one OpMulti log entry, so that many requests share one
-// log append, one fsync per node and one FSM transaction, and the per-entry
-// costs of Raft are paid once per batch instead of once per request.
+// Group commit above Raft: concurrent publishes, fetches (leases), acks,
+// extends and nacks are gathered into one OpMulti log entry, so that many
+// requests share one log append, one fsync per node and one FSM
+// transaction, and the per-entry costs of Raft are paid once per batch
+// instead of once per request.
 
 const (
 	maxBatchCmds  = 512
@@ -55,7 +56,7 @@ type batcher struct {
 func newBatcher(n *Node) *batcher {
 	return &batcher{n: n, in: make(chan *pending, maxBatchCmds), slots: make(chan struct{}, batchPipeline),
 		size: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_commands",
-			Help:    "Commands (publishes, acks, extends, nacks) per group commit (one raft append) on the leader.",
+			Help:    "Commands (publishes, leases, acks, extends, nacks) per group commit (one raft append) on the leader.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
 		queue: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_queue_seconds",
 			Help:    "Time a command waits for its group-committed entry to be proposed.",

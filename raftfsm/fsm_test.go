@@ -967,3 +967,86 @@ func TestFSMTimeMonotonic(t *testing.T) {
 		t.Fatalf("restored state time %d, want 7000", now)
 	}
 }
+
+// Fetches are group-committed: an OpMulti applies each lease sub-command
+// as it would a lone one, in order, at its own time. Two leases of the
+// same group in one entry hand out disjoint messages; a refused one fails
+// alone; a receipt naming the entry that carries it is invalid (it cannot
+// have been handed out yet).
+func TestApplyMultiLeases(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2))}})
+	h.must(publish(1, "t", keyed(0, "", "a"), keyed(1, "", "b"), keyed(0, "", "c"), keyed(1, "", "d"), keyed(0, "", "e")))
+	entry := h.idx + 1
+	r := h.apply(&Command{Op: OpMulti, Now: 100, Batch: []*Command{
+		{Op: OpLease, Now: 100, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000},
+		{Op: OpLease, Now: 100, Topic: "nope", Group: "g", Max: 2, LeaseMs: 1000},
+		{Op: OpLease, Now: 200, Topic: "t", Group: "g", Max: 2, LeaseMs: 5000},
+		{Op: OpAck, Now: 200, Topic: "t", Group: "g", Receipts: []group.Receipt{{Partition: 0, Offset: 0, Delivery: entry}}},
+		{Op: OpLease, Now: 300, Topic: "t", Group: "other", Max: 10, LeaseMs: 1000},
+		{Op: OpLease, Now: 300, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000},
+	}})
+	if r.Err != nil || len(r.Multi) != 6 {
+		t.Fatalf("multi = %+v", r)
+	}
+	for i, sub := range r.Multi {
+		if (i == 1) != (sub.Err != nil) {
+			t.Fatalf("sub-command %d: err %v", i, sub.Err)
+		}
+	}
+	if !errors.Is(r.Multi[1].Err, mlog.ErrTopicNotFound) {
+		t.Fatalf("lease of a missing topic: %v", r.Multi[1].Err)
+	}
+	if !reflect.DeepEqual(r.Multi[3].Statuses, []string{group.StatusInvalid}) {
+		t.Fatalf("ack naming its own entry's lease = %v, want [invalid]", r.Multi[3].Statuses)
+	}
+	first, second, rest := r.Multi[0].Deliveries, r.Multi[2].Deliveries, r.Multi[5].Deliveries
+	seen := map[[2]uint64]int{}
+	for i, ds := range [][]group.Delivery{first, second, rest} {
+		for _, d := range ds {
+			k := [2]uint64{uint64(d.Partition), d.Offset}
+			if j, dup := seen[k]; dup {
+				t.Fatalf("message %v handed out by lease %d and lease %d of the same entry", k, j, i)
+			}
+			seen[k] = i
+			if d.Delivery != entry {
+				t.Fatalf("delivery id %d, want the entry's index %d", d.Delivery, entry)
+			}
+		}
+	}
+	if len(first) != 2 || len(second) != 2 || len(rest) != 1 || len(r.Multi[4].Deliveries) != 5 {
+		t.Fatalf("deliveries: g %d, %d, %d; other %d; want 2, 2, 1; 5", len(first), len(second), len(rest), len(r.Multi[4].Deliveries))
+	}
+	// Each lease runs from its own command's time: the first's end at 1100,
+	// the second's at 5200, the last's at 1300.
+	due := func(at int64) map[[2]uint64]bool {
+		out := map[[2]uint64]bool{}
+		_ = h.f.View(func(tx *bolt.Tx) error {
+			xs, err := group.DueLeases(tx, at, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range xs {
+				if x.Group == "g" {
+					out[[2]uint64{uint64(x.Partition), x.Offset}] = true
+				}
+			}
+			return nil
+		})
+		return out
+	}
+	want := map[[2]uint64]bool{}
+	for _, d := range first {
+		want[[2]uint64{uint64(d.Partition), d.Offset}] = true
+	}
+	if got := due(1100); !reflect.DeepEqual(got, want) {
+		t.Fatalf("leases due at 1100 = %v, want the first lease's %v", got, want)
+	}
+	if got := due(5199); len(got) != 3 {
+		t.Fatalf("leases due at 5199 = %v, want the first and the last lease's", got)
+	}
+	// The receipts work in a later entry.
+	if r := h.must(&Command{Op: OpAck, Now: 400, Topic: "t", Group: "g", Receipts: receipts(second)}); !reflect.DeepEqual(r.Statuses, []string{"ok", "ok"}) {
+		t.Fatalf("ack of the second lease later = %v", r.Statuses)
+	}
+}
