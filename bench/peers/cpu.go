@@ -10,10 +10,9 @@ import (
 )
 
 // CPU per message. brokerCPU, while a system runs, reports the CPU time
-// (user + system) its processes have used so far: for mqd the three node
-// processes (/proc/PID/stat), for JetStream this benchmark's own process,
-// which holds the three embedded servers and also the load generator, so
-// its figure is a lower bound of JetStream's msgs per CPU-second.
+// (user + system, /proc/PID/stat) its three server processes have used so
+// far: the mqd nodes, or the nats-server nodes. The load generator (this
+// process) is not counted for either.
 var (
 	cpuMu     sync.Mutex
 	brokerCPU func() (time.Duration, bool)
@@ -39,7 +38,7 @@ func readBrokerCPU() (time.Duration, bool) {
 // 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// procCPU is the user + system time of process pid ("self" for this one).
+// procCPU is the user + system time of process pid (all its threads).
 func procCPU(pid string) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
@@ -74,11 +73,6 @@ func pidsCPU(pids []int) (time.Duration, bool) {
 		sum += d
 	}
 	return sum, true
-}
-
-func selfCPU() (time.Duration, bool) {
-	d, err := procCPU("self")
-	return d, err == nil
 }
 
 // cpuBetween samples the brokers' CPU at start and at end (both in the

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// jsConfig is the configuration file text of embedded JetStream node i (0,
+// jsConfig is the configuration file text of JetStream node i (0,
 // 1 or 2) of a three-node cluster whose route ports are clusterPorts. With
 // always, JetStream fsyncs every write (`sync_interval: always`); without, it
 // keeps its default (a background fsync every 2 minutes).
@@ -44,16 +46,22 @@ cluster {
 }
 
 type jsCluster struct {
-	servers []*server.Server
-	urls    map[string]string // server name -> client URL
+	label string            // "js-default" or "js-always"
+	nodes []*child          // the three nats-server processes
+	urls  map[string]string // server name -> client URL
 }
 
-// startJS starts a three-node JetStream cluster in this process, storing
-// under dir, and waits until it has a meta leader. Port clashes are retried.
-func startJS(ctx context.Context, dir string, always bool) (*jsCluster, error) {
+// startJS starts a three-node JetStream cluster, each node a nats-server
+// process of its own (see natsNode), storing under dir, and waits until it
+// has a meta leader. Port clashes are retried.
+func startJS(ctx context.Context, label, dir string, always bool) (*jsCluster, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("this program's path, to start nats-server nodes from: %w", err)
+	}
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
-		c, err := startJSOnce(ctx, filepath.Join(dir, fmt.Sprintf("attempt%d", attempt)), always)
+		c, err := startJSOnce(ctx, label, self, filepath.Join(dir, fmt.Sprintf("attempt%d", attempt)), always)
 		if err == nil {
 			return c, nil
 		}
@@ -61,17 +69,17 @@ func startJS(ctx context.Context, dir string, always bool) (*jsCluster, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		logf("jetstream: cluster start failed (attempt %d): %v", attempt, err)
+		logf("%s: cluster start failed (attempt %d): %v", label, attempt, err)
 	}
 	return nil, lastErr
 }
 
-func startJSOnce(ctx context.Context, dir string, always bool) (*jsCluster, error) {
+func startJSOnce(ctx context.Context, label, self, dir string, always bool) (*jsCluster, error) {
 	ports, err := freePorts(6)
 	if err != nil {
 		return nil, err
 	}
-	c := &jsCluster{urls: map[string]string{}}
+	c := &jsCluster{label: label, urls: map[string]string{}}
 	for i := range 3 {
 		name := fmt.Sprintf("n%d", i+1)
 		store := filepath.Join(dir, name)
@@ -79,39 +87,48 @@ func startJSOnce(ctx context.Context, dir string, always bool) (*jsCluster, erro
 			c.stop()
 			return nil, err
 		}
-		opts := &server.Options{}
-		if err := opts.ProcessConfigString(jsConfig(i, ports[i], store, always, ports[3:])); err != nil {
+		conf := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(conf, []byte(jsConfig(i, ports[i], store, always, ports[3:])), 0o644); err != nil {
+			c.stop()
+			return nil, err
+		}
+		// The node checks this too; checking here fails before starting.
+		opts, err := server.ProcessConfigFile(conf)
+		if err != nil {
 			c.stop()
 			return nil, fmt.Errorf("config of %s: %w", name, err)
 		}
 		if opts.SyncAlways != always {
 			c.stop()
-			return nil, fmt.Errorf("config of n%d: SyncAlways is %v, want %v", i+1, opts.SyncAlways, always)
+			return nil, fmt.Errorf("config of %s: SyncAlways is %v, want %v", name, opts.SyncAlways, always)
 		}
-		opts.NoSigs, opts.NoLog = true, true
-		s, err := server.NewServer(opts)
+		p, err := startChild(label+" "+name, self,
+			[]string{natsNodeCmd, "-config", conf, "-sync-always=" + strconv.FormatBool(always)},
+			filepath.Join(dir, name+".log"))
 		if err != nil {
 			c.stop()
-			return nil, fmt.Errorf("server %s: %w", name, err)
+			return nil, err
 		}
-		c.servers = append(c.servers, s)
-		go s.Start()
+		c.nodes = append(c.nodes, p)
+		c.urls[name] = fmt.Sprintf("nats://127.0.0.1:%d", ports[i])
 	}
-	for _, s := range c.servers {
-		if !s.ReadyForConnections(15 * time.Second) {
-			c.stop()
-			return nil, fmt.Errorf("jetstream server %s not ready for connections", s.Name())
-		}
-		c.urls[s.Name()] = s.ClientURL()
-	}
-	// Wait for the meta leader and for JetStream to answer account info.
+	// Wait until every node takes connections and JetStream answers
+	// account info (which needs a meta leader).
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := c.probe(ctx); err == nil {
+		for _, p := range c.nodes {
+			if p.exited() {
+				c.stop()
+				return nil, fmt.Errorf("%s exited during startup\n%s", p.name, logTails(c.nodes, 15))
+			}
+		}
+		err := c.probe(ctx)
+		if err == nil {
 			return c, nil
-		} else if time.Now().After(deadline) {
+		}
+		if time.Now().After(deadline) {
 			c.stop()
-			return nil, fmt.Errorf("jetstream cluster not ready: %w", err)
+			return nil, fmt.Errorf("jetstream cluster not ready: %w\n%s", err, logTails(c.nodes, 15))
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			c.stop()
@@ -121,14 +138,12 @@ func startJSOnce(ctx context.Context, dir string, always bool) (*jsCluster, erro
 }
 
 func (c *jsCluster) probe(ctx context.Context) error {
-	leader := false
-	for _, s := range c.servers {
-		if s.JetStreamIsLeader() {
-			leader = true
+	for name, url := range c.urls {
+		nc, err := nats.Connect(url, nats.Timeout(time.Second))
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
 		}
-	}
-	if !leader {
-		return errors.New("no meta leader yet")
+		nc.Close()
 	}
 	nc, js, err := c.connect("")
 	if err != nil {
@@ -143,9 +158,10 @@ func (c *jsCluster) probe(ctx context.Context) error {
 
 func (c *jsCluster) allURLs() string {
 	var u []string
-	for _, s := range c.servers {
-		u = append(u, s.ClientURL())
+	for _, url := range c.urls {
+		u = append(u, url)
 	}
+	slices.Sort(u)
 	return strings.Join(u, ",")
 }
 
@@ -168,16 +184,51 @@ func (c *jsCluster) connect(name string, opts ...jetstream.JetStreamOpt) (*nats.
 	return nc, js, nil
 }
 
+// stop sends SIGTERM to every node (nats-server shuts down and exits),
+// waits up to 10 s, then SIGKILLs.
 func (c *jsCluster) stop() {
 	if c == nil {
 		return
 	}
-	for _, s := range c.servers {
-		s.Shutdown()
+	stopChildren(c.nodes, 10*time.Second)
+}
+
+// natsNodeCmd is the hidden sub-command that makes this program one
+// nats-server node: `peers nats-node -config FILE [-sync-always]`. It does
+// what nats-server's own main does (load the configuration, configure the
+// logger, start, wait for shutdown), with nats-server's signal handling:
+// SIGTERM shuts it down.
+const natsNodeCmd = "nats-node"
+
+func natsNode(args []string) int {
+	fs := flag.NewFlagSet(natsNodeCmd, flag.ContinueOnError)
+	conf := fs.String("config", "", "nats-server configuration file")
+	always := fs.Bool("sync-always", false, "the configuration must set sync_interval: always")
+	if err := fs.Parse(args); err != nil {
+		return 2
 	}
-	for _, s := range c.servers {
-		s.WaitForShutdown()
+	if *conf == "" || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "nats-node: want -config FILE and no arguments")
+		return 2
 	}
+	opts, err := server.ProcessConfigFile(*conf)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nats-node:", err)
+		return 1
+	}
+	if opts.SyncAlways != *always {
+		fmt.Fprintf(os.Stderr, "nats-node: %s: SyncAlways is %v, want %v\n", *conf, opts.SyncAlways, *always)
+		return 1
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nats-node:", err)
+		return 1
+	}
+	s.ConfigureLogger()
+	s.Start()
+	s.WaitForShutdown()
+	return 0
 }
 
 // ---- workloads ----

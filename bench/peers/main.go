@@ -1,14 +1,18 @@
 // Command peers runs the same workloads against a three-node mqd cluster and
-// a three-node JetStream cluster (embedded nats-server, R3 streams, file
-// storage), once with JetStream's default sync and once with
-// `sync_interval: always`, back to back in one invocation, and prints a table
-// of msgs/s, latencies and mqd/JetStream ratios. See README.md.
+// a three-node JetStream cluster (three nats-server processes, R3 streams,
+// file storage), once with JetStream's default sync and once with
+// `sync_interval: always`, and optionally against a second, prebuilt mqd
+// (-base-bin, the "mqd-base" system), back to back in one invocation, and
+// prints tables of msgs/s, msgs per CPU-second, latencies and ratios of mqd
+// to each of the others. See README.md.
 //
 //	cd bench/peers && go run .
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,6 +38,7 @@ type config struct {
 	consumers        int
 	fetch            int
 	mqdBin           string
+	baseBin          string
 	keep             bool
 }
 
@@ -80,13 +85,25 @@ func allWorkloads() []workload {
 	}
 }
 
-var systemNames = []string{"mqd", "js-default", "js-always"}
+// systemNames are the systems in the order they run and are printed.
+var systemNames = []string{"mqd-base", "mqd", "js-default", "js-always"}
+
+// systemLabels are the systems' column headers.
+var systemLabels = map[string]string{"mqd-base": "mqd-base", "mqd": "mqd", "js-default": "JS default", "js-always": "JS always"}
+
+// ratioLabels are the headers of the columns mqd / system.
+var ratioLabels = map[string]string{"mqd-base": "mqd/base", "js-default": "mqd/JS-default", "js-always": "mqd/JS-always"}
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func main() { os.Exit(run()) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == natsNodeCmd {
+		os.Exit(natsNode(os.Args[2:]))
+	}
+	os.Exit(run())
+}
 
 func run() int {
 	cfg := &config{}
@@ -95,7 +112,7 @@ func run() int {
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up before each publish/batch workload")
 	flag.IntVar(&cfg.size, "size", 1024, "message payload size in bytes")
 	flag.StringVar(&wlFlag, "workloads", "all", "comma-separated workloads: publish-1,publish-16,publish-64,publish-64-idem,batch,consume (or all)")
-	flag.StringVar(&sysFlag, "systems", strings.Join(systemNames, ","), "comma-separated systems: mqd,js-default,js-always")
+	flag.StringVar(&sysFlag, "systems", "", "comma-separated systems: mqd-base,mqd,js-default,js-always (default: mqd,js-default,js-always, with mqd-base first if -base-bin is set)")
 	flag.IntVar(&cfg.batchSize, "batch-size", 100, "batch workload: messages per mqd messages:batch request")
 	flag.IntVar(&cfg.batchConc, "batch-concurrency", 4, "batch workload: concurrent mqd batch requests")
 	flag.IntVar(&cfg.asyncWindow, "async-window", 256, "batch workload: JetStream PublishAsyncMaxPending")
@@ -103,6 +120,7 @@ func run() int {
 	flag.IntVar(&cfg.consumers, "consumers", 4, "consume workload: concurrent consumers")
 	flag.IntVar(&cfg.fetch, "fetch", 100, "consume workload: max messages per fetch")
 	flag.StringVar(&cfg.mqdBin, "mqd-bin", "", "use this mqd binary instead of building ./cmd/mqd of the repository")
+	flag.StringVar(&cfg.baseBin, "base-bin", "", "a prebuilt mqd binary (e.g. of an older commit) to run as system mqd-base, for before/after ratios")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (data and mqd logs) for inspection")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -114,10 +132,19 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "peers:", err)
 		return 2
 	}
-	systems, err := pickSystems(sysFlag)
+	systems, err := pickSystems(sysFlag, cfg.baseBin != "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peers:", err)
 		return 2
+	}
+	for _, bin := range []string{cfg.mqdBin, cfg.baseBin} {
+		if bin == "" {
+			continue
+		}
+		if err := checkExecutable(bin); err != nil {
+			fmt.Fprintln(os.Stderr, "peers:", err)
+			return 2
+		}
 	}
 	if cfg.size < 1 || cfg.batchSize < 1 || cfg.batchSize > 1000 || cfg.batchConc < 1 || cfg.asyncWindow < 1 ||
 		cfg.consumeMsgs < 1 || cfg.consumers < 1 || cfg.fetch < 1 || cfg.fetch > 1000 || cfg.duration <= 0 || cfg.warmup < 0 {
@@ -186,14 +213,32 @@ func pickWorkloads(s string) ([]workload, error) {
 	return out, nil
 }
 
-func pickSystems(s string) ([]string, error) {
-	var out []string
+// pickSystems parses -systems; the result keeps the order of systemNames.
+// Without -systems it is mqd, js-default and js-always, with mqd-base first
+// if there is a -base-bin.
+func pickSystems(s string, haveBase bool) ([]string, error) {
+	if s == "" {
+		s = "mqd,js-default,js-always"
+		if haveBase {
+			s = "mqd-base," + s
+		}
+	}
+	want := map[string]bool{}
 	for _, n := range strings.Split(s, ",") {
 		n = strings.TrimSpace(n)
 		if !slices.Contains(systemNames, n) {
-			return nil, fmt.Errorf("unknown system %q (want mqd, js-default, js-always)", n)
+			return nil, fmt.Errorf("unknown system %q (want %s)", n, strings.Join(systemNames, ", "))
 		}
-		out = append(out, n)
+		want[n] = true
+	}
+	if want["mqd-base"] && !haveBase {
+		return nil, errors.New("system mqd-base needs -base-bin PATH")
+	}
+	var out []string
+	for _, n := range systemNames {
+		if want[n] {
+			out = append(out, n)
+		}
 	}
 	return out, nil
 }
@@ -206,44 +251,50 @@ func runSystem(ctx context.Context, name, tmp string, cfg *config, wls []workloa
 	if err != nil {
 		return res, err
 	}
+	if !cfg.keep { // after the cluster has stopped (deferred calls run last first)
+		defer os.RemoveAll(dir)
+	}
 	var sys system
+	var pids []int // the system's three server processes, for msgs per CPU-second
 	switch name {
-	case "mqd":
-		bin := cfg.mqdBin
-		if bin == "" {
+	case "mqd", "mqd-base":
+		var bin string
+		switch {
+		case name == "mqd-base":
+			bin, err = linkBinary(cfg.baseBin, dir, "peersbench-base-broker")
+		case cfg.mqdBin != "":
+			bin, err = linkBinary(cfg.mqdBin, dir, "peersbench-broker")
+		default:
 			logf("mqd: building ./cmd/mqd")
-			if bin, err = buildMqd(ctx, tmp); err != nil {
-				return res, err
-			}
+			bin, err = buildMqd(ctx, dir)
 		}
-		logf("mqd: starting 3 nodes")
-		c, err := startMqd(ctx, bin, dir)
 		if err != nil {
 			return res, err
 		}
-		defer func() { logf("mqd: stopping"); c.stop() }()
-		logf("mqd: leader %s", c.leader)
-		sys = &mqdSystem{c: c, cfg: cfg}
-		var pids []int
-		for _, n := range c.nodes {
-			pids = append(pids, n.cmd.Process.Pid)
+		logf("%s: starting 3 nodes", name)
+		c, err := startMqd(ctx, name, bin, dir)
+		if err != nil {
+			return res, err
 		}
-		setBrokerCPU(func() (time.Duration, bool) { return pidsCPU(pids) })
-		defer setBrokerCPU(nil)
+		defer func() { logf("%s: stopping", name); c.stop() }()
+		logf("%s: leader %s", name, c.leader)
+		sys = &mqdSystem{c: c, cfg: cfg}
+		pids = childPids(c.procs())
 	default:
 		always := name == "js-always"
-		logf("%s: starting 3 embedded nats-server %s nodes", name, server.VERSION)
-		c, err := startJS(ctx, dir, always)
+		logf("%s: starting 3 nats-server %s processes", name, server.VERSION)
+		c, err := startJS(ctx, name, dir, always)
 		if err != nil {
 			return res, err
 		}
 		defer func() { logf("%s: stopping", name); c.stop() }()
 		s := &jsSystem{c: c, cfg: cfg, always: always}
-		setBrokerCPU(selfCPU)
-		defer setBrokerCPU(nil)
 		defer s.close()
 		sys = s
+		pids = childPids(c.nodes)
 	}
+	setBrokerCPU(func() (time.Duration, bool) { return pidsCPU(pids) })
+	defer setBrokerCPU(nil)
 	for _, w := range wls {
 		if ctx.Err() != nil {
 			return res, nil
@@ -289,11 +340,11 @@ func fmtRate(r *result) string {
 	return s
 }
 
-func fmtRatio(a, b *result) string {
-	if a == nil || b == nil || b.rate() == 0 {
+func fmtRatio(a, b float64) string {
+	if a == 0 || b == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.2f", a.rate()/b.rate())
+	return fmt.Sprintf("%.2f", a/b)
 }
 
 func printReport(out io.Writer, cfg *config, wls []workload, systems []string, results map[string]map[string]*result,
@@ -304,50 +355,84 @@ func printReport(out io.Writer, cfg *config, wls []workload, systems []string, r
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "\nmqd vs JetStream (nats-server %s, embedded, 3 nodes, R3, file storage) — %s, GOMAXPROCS %d, %d-byte messages, %v per workload after %v warm-up\n\n",
-		server.VERSION, runtime.Version(), runtime.GOMAXPROCS(0), cfg.size, cfg.duration, cfg.warmup)
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tmqd msgs/s\tJS default msgs/s\tJS always msgs/s\tmqd/JS-default\tmqd/JS-always\t")
-	for _, w := range wls {
-		m, d, a := get("mqd", w.name), get("js-default", w.name), get("js-always", w.name)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", w.name, fmtRate(m), fmtRate(d), fmtRate(a), fmtRatio(m, d), fmtRatio(m, a))
+	fmt.Fprintf(out, "\nmqd vs JetStream %s: each system is 3 server processes on 127.0.0.1 (R3, file storage)\n", server.VERSION)
+	fmt.Fprintf(out, "%s, GOMAXPROCS %d, %d-byte messages, %v per workload after %v warm-up\n",
+		runtime.Version(), runtime.GOMAXPROCS(0), cfg.size, cfg.duration, cfg.warmup)
+	if slices.Contains(systems, "mqd-base") {
+		fmt.Fprintf(out, "mqd-base: %s\n", cfg.baseBin)
 	}
-	tw.Flush()
-
-	// CPU per message: mqd's three node processes; JetStream's servers are
-	// embedded in this process together with the load generator, so its
-	// figure counts the clients' CPU too (a lower bound for JetStream).
-	fmt.Fprintln(out)
-	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "msgs per CPU-second\tmqd (3 nodes)\tJS default (+clients)\tJS always (+clients)\t")
-	for _, w := range wls {
-		cell := func(r *result) string {
-			if r.perCPU() == 0 {
-				return "-"
+	// The ratio columns: mqd against every other system that ran.
+	var others []string
+	if slices.Contains(systems, "mqd") {
+		for _, sys := range systems {
+			if sys != "mqd" {
+				others = append(others, sys)
 			}
-			return fmt.Sprintf("%.0f", r.perCPU())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", w.name, cell(get("mqd", w.name)), cell(get("js-default", w.name)), cell(get("js-always", w.name)))
 	}
-	tw.Flush()
-
-	fmt.Fprintln(out)
-	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "latency p50 / p99\tmqd\tJS default\tJS always\t")
-	for _, w := range wls {
-		if !w.latency {
-			continue
+	// table prints one row per workload: the figure of each system, then
+	// mqd's figure over each other's. Both tables share one tabwriter, and
+	// a row of empty cells between them, so that their columns line up.
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
+	table := func(title string, figure func(*result) float64, cell func(*result) string) {
+		fmt.Fprintln(tw, strings.Repeat("\t", len(systems)+len(others)+1))
+		hdr := []string{title}
+		for _, sys := range systems {
+			hdr = append(hdr, systemLabels[sys])
 		}
-		cell := func(r *result) string {
+		for _, sys := range others {
+			hdr = append(hdr, ratioLabels[sys])
+		}
+		fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
+		for _, w := range wls {
+			row := []string{w.name}
+			for _, sys := range systems {
+				row = append(row, cell(get(sys, w.name)))
+			}
+			m := figure(get("mqd", w.name))
+			for _, sys := range others {
+				row = append(row, fmtRatio(m, figure(get(sys, w.name))))
+			}
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+	}
+	table("msgs/s", (*result).rate, fmtRate)
+	// CPU: user + system time of each system's three server processes over
+	// the measuring window; the load generator's is not counted.
+	table("msgs per CPU-second", (*result).perCPU, func(r *result) string {
+		if r.perCPU() == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", r.perCPU())
+	})
+	tw.Flush()
+	for _, line := range strings.Split(strings.TrimRight(buf.String(), "\n"), "\n") {
+		fmt.Fprintln(out, strings.TrimRight(line, " "))
+	}
+
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for i, w := range slices.DeleteFunc(slices.Clone(wls), func(w workload) bool { return !w.latency }) {
+		if i == 0 {
+			hdr := []string{"latency p50 / p99"}
+			for _, sys := range systems {
+				hdr = append(hdr, systemLabels[sys])
+			}
+			fmt.Fprintln(out)
+			fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
+		}
+		row := []string{w.name}
+		for _, sys := range systems {
+			r := get(sys, w.name)
 			if r == nil {
-				return "-"
+				row = append(row, "-")
+				continue
 			}
-			return fmtMs(r.percentile(0.50)) + " / " + fmtMs(r.percentile(0.99))
+			row = append(row, fmtMs(r.percentile(0.50))+" / "+fmtMs(r.percentile(0.99)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", w.name, cell(get("mqd", w.name)), cell(get("js-default", w.name)), cell(get("js-always", w.name)))
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
-
 	// Scaling: throughput at 64 publishers over throughput at 1.
 	var scal []string
 	for _, sys := range systems {

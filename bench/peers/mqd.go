@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -87,12 +85,12 @@ func freePorts(n int) ([]int, error) {
 }
 
 type mqdNode struct {
-	id, httpAddr, raftAddr, dataDir, logPath string
-	cmd                                      *exec.Cmd
-	done                                     chan struct{}
+	id, httpAddr, raftAddr, dataDir string
+	proc                            *child
 }
 
 type mqdCluster struct {
+	label  string // "mqd" or "mqd-base"
 	nodes  []*mqdNode
 	leader string // base URL of the leader, "http://host:port"
 	client *fasthttp.Client
@@ -110,14 +108,14 @@ func newHTTPClient() *fasthttp.Client {
 	}
 }
 
-// startMqd starts three mqd processes under dir and waits for a leader.
-// A clash on a port (someone else grabbed it between reservation and bind)
-// is retried with fresh ports.
-func startMqd(ctx context.Context, bin, dir string) (*mqdCluster, error) {
+// startMqd starts three mqd processes of bin under dir and waits for a
+// leader. A clash on a port (someone else grabbed it between reservation and
+// bind) is retried with fresh ports.
+func startMqd(ctx context.Context, label, bin, dir string) (*mqdCluster, error) {
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
 		d := filepath.Join(dir, fmt.Sprintf("attempt%d", attempt))
-		c, err := startMqdOnce(ctx, bin, d)
+		c, err := startMqdOnce(ctx, label, bin, d)
 		if err == nil {
 			return c, nil
 		}
@@ -125,17 +123,17 @@ func startMqd(ctx context.Context, bin, dir string) (*mqdCluster, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		logf("mqd: cluster start failed (attempt %d): %v", attempt, err)
+		logf("%s: cluster start failed (attempt %d): %v", label, attempt, err)
 	}
 	return nil, lastErr
 }
 
-func startMqdOnce(ctx context.Context, bin, dir string) (*mqdCluster, error) {
+func startMqdOnce(ctx context.Context, label, bin, dir string) (*mqdCluster, error) {
 	ports, err := freePorts(6)
 	if err != nil {
 		return nil, err
 	}
-	c := &mqdCluster{client: newHTTPClient()}
+	c := &mqdCluster{label: label, client: newHTTPClient()}
 	var httpAddrs []string
 	for i := range 3 {
 		n := &mqdNode{
@@ -144,7 +142,6 @@ func startMqdOnce(ctx context.Context, bin, dir string) (*mqdCluster, error) {
 			raftAddr: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]),
 		}
 		n.dataDir = filepath.Join(dir, n.id)
-		n.logPath = filepath.Join(dir, n.id+".log")
 		httpAddrs = append(httpAddrs, n.httpAddr)
 		c.nodes = append(c.nodes, n)
 	}
@@ -153,31 +150,31 @@ func startMqdOnce(ctx context.Context, bin, dir string) (*mqdCluster, error) {
 			c.stop()
 			return nil, err
 		}
-		lf, err := os.Create(n.logPath)
+		p, err := startChild(label+" "+n.id, bin, []string{"--id", n.id, "--data-dir", n.dataDir, "--http-addr", n.httpAddr,
+			"--raft-addr", n.raftAddr, "--bootstrap-expect", "3", "--join", strings.Join(httpAddrs, ",")},
+			filepath.Join(dir, n.id+".log"))
 		if err != nil {
 			c.stop()
 			return nil, err
 		}
-		cmd := exec.Command(bin, "--id", n.id, "--data-dir", n.dataDir, "--http-addr", n.httpAddr,
-			"--raft-addr", n.raftAddr, "--bootstrap-expect", "3", "--join", strings.Join(httpAddrs, ","))
-		cmd.Stdout, cmd.Stderr = lf, lf
-		// Own process group: a Ctrl-C in the terminal reaches this program,
-		// which then stops the nodes in order. Pdeathsig: the nodes die with
-		// this program even if it is killed outright.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			lf.Close()
-			c.stop()
-			return nil, err
-		}
-		n.cmd, n.done = cmd, make(chan struct{})
-		go func() { cmd.Wait(); lf.Close(); close(n.done) }()
+		n.proc = p
 	}
 	if err := c.waitReady(ctx, 60*time.Second); err != nil {
 		c.stop()
-		return nil, fmt.Errorf("%w\n%s", err, c.logTails(15))
+		return nil, fmt.Errorf("%w\n%s", err, logTails(c.procs(), 15))
 	}
 	return c, nil
+}
+
+// procs are the node processes started so far.
+func (c *mqdCluster) procs() []*child {
+	var ps []*child
+	for _, n := range c.nodes {
+		if n.proc != nil {
+			ps = append(ps, n.proc)
+		}
+	}
+	return ps
 }
 
 func (c *mqdCluster) waitReady(ctx context.Context, timeout time.Duration) error {
@@ -185,10 +182,8 @@ func (c *mqdCluster) waitReady(ctx context.Context, timeout time.Duration) error
 	for {
 		ready := 0
 		for _, n := range c.nodes {
-			select {
-			case <-n.done:
-				return fmt.Errorf("mqd node %s exited during startup", n.id)
-			default:
+			if n.proc.exited() {
+				return fmt.Errorf("%s node %s exited during startup", c.label, n.id)
 			}
 			if st, _, err := c.get(ctx, "http://"+n.httpAddr+"/readyz"); err == nil && st == http.StatusOK {
 				ready++
@@ -207,7 +202,7 @@ func (c *mqdCluster) waitReady(ctx context.Context, timeout time.Duration) error
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("mqd cluster not ready after %v", timeout)
+			return fmt.Errorf("%s cluster not ready after %v", c.label, timeout)
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return err
@@ -220,46 +215,7 @@ func (c *mqdCluster) stop() {
 	if c == nil {
 		return
 	}
-	for _, n := range c.nodes {
-		if n.cmd != nil && n.cmd.Process != nil {
-			n.cmd.Process.Signal(syscall.SIGTERM)
-		}
-	}
-	timeout := time.After(10 * time.Second)
-	for _, n := range c.nodes {
-		if n.done == nil {
-			continue
-		}
-		select {
-		case <-n.done:
-		case <-timeout:
-			for _, m := range c.nodes {
-				if m.cmd != nil && m.cmd.Process != nil {
-					m.cmd.Process.Kill()
-				}
-			}
-			<-n.done
-		}
-	}
-}
-
-func (c *mqdCluster) logTails(lines int) string {
-	var b strings.Builder
-	for _, n := range c.nodes {
-		f, err := os.Open(n.logPath)
-		if err != nil {
-			continue
-		}
-		var all []string
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			all = append(all, sc.Text())
-		}
-		f.Close()
-		fmt.Fprintf(&b, "---- mqd %s log, last lines ----\n%s\n", n.id, strings.Join(all[max(0, len(all)-lines):], "\n"))
-	}
-	return b.String()
+	stopChildren(c.procs(), 10*time.Second)
 }
 
 // ---- HTTP helpers ----
@@ -317,7 +273,7 @@ type mqdSystem struct {
 	seq atomic.Int64 // topic and key uniqueness
 }
 
-func (s *mqdSystem) name() string { return "mqd" }
+func (s *mqdSystem) name() string { return s.c.label }
 
 func (s *mqdSystem) topic(w string) string {
 	return fmt.Sprintf("peers-%s-%d", w, s.seq.Add(1))
@@ -486,7 +442,8 @@ func (s *mqdSystem) preload(ctx context.Context, topic string, n int) error {
 func consumeLoop(ctx context.Context, consumers, total int, dur time.Duration, cycle func(ctx context.Context) (int, error)) *result {
 	start := time.Now()
 	cpu0, cpuOK := readBrokerCPU()
-	ctx, cancel := context.WithDeadline(ctx, start.Add(dur))
+	deadline := start.Add(dur)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var (
 		acked  atomic.Int64
@@ -504,7 +461,9 @@ func consumeLoop(ctx context.Context, consumers, total int, dur time.Duration, c
 					doneAt.CompareAndSwap(0, int64(time.Since(start)))
 					cancel()
 				}
-				if err != nil && ctx.Err() == nil {
+				// A request cut off by the deadline (its HTTP client may
+				// notice a moment before ctx does) is not a failure.
+				if err != nil && ctx.Err() == nil && time.Now().Before(deadline) {
 					errs.add(err)
 					time.Sleep(10 * time.Millisecond)
 				}
