@@ -14,7 +14,6 @@ import (
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
-	bolt "go.etcd.io/bbolt"
 )
 
 const (
@@ -120,24 +119,27 @@ func (s *Server) fetch(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 // tryLease leases what is deliverable now, without a Raft round trip when
-// nothing is and the group exists (a first fetch creates its group).
+// nothing is and the group exists (a first fetch creates its group). The
+// answer comes from the lease's own result: the FSM copies each leased
+// message out of the transaction that chose it, on the node that waits.
 func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, error) {
 	now := nowMs()
-	ok := false
-	var cfg mlog.Config
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
-		var err error
-		if cfg, err = mlog.GetConfig(tx, r.topic); err != nil {
+	var ackTimeoutMs int64
+	needed := false
+	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+		cfg, err := rd.TopicConfig(r.topic)
+		if err != nil {
 			return err
 		}
-		ok, err = group.NeedsLease(tx, r.topic, r.group, now)
+		ackTimeoutMs = cfg.AckTimeoutMs
+		needed, err = rd.NeedsLease(r.topic, r.group, now)
 		return err
 	})
-	if err != nil || !ok {
+	if err != nil || !needed {
 		return []fetchedMessage{}, err
 	}
 	if leaseMs == 0 {
-		leaseMs = cfg.AckTimeoutMs
+		leaseMs = ackTimeoutMs
 	}
 	// Group-committed: concurrent fetches (and publishes, acks) share one
 	// raft entry and one FSM transaction.
@@ -146,48 +148,23 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]fetchedMessage, e
 	if err != nil {
 		return nil, err
 	}
-	return s.readDeliveries(r, cfg, res.Deliveries)
-}
-
-// readDeliveries reads the leased messages. One trimmed in between (drop-head)
-// is left out: its lease goes with it.
-func (s *Server) readDeliveries(r *route, cfg mlog.Config, ds []group.Delivery) ([]fetchedMessage, error) {
-	out := make([]fetchedMessage, 0, len(ds))
-	err := s.node.FSM.View(func(tx *bolt.Tx) error {
-		parts := map[uint32]*mlog.Partition{} // a fetch reads from a few partitions
-		for _, d := range ds {
-			p, ok := parts[d.Partition]
-			if !ok {
-				var err error
-				if p, err = mlog.OpenPartition(tx, r.topic, d.Partition); err != nil {
-					return err
-				}
-				parts[d.Partition] = p
-			}
-			m, err := p.Get(d.Offset)
-			if err != nil {
-				return err
-			}
-			if m == nil {
-				continue
-			}
-			maxRetry := m.MaxRetry
-			if maxRetry < 0 {
-				maxRetry = cfg.MaxRetry
-			}
-			fm := fetchedMessage{
-				Topic: r.topic, Partition: d.Partition, Offset: d.Offset,
-				Receipt:        group.Receipt{Partition: d.Partition, Offset: d.Offset, Delivery: d.Delivery}.Encode(r.topic, r.group),
-				ValueB64:       base64.StdEncoding.EncodeToString(m.Value),
-				IdempotencyKey: m.IdempotencyKey, RetryCount: d.RetryCount, MaxRetry: maxRetry,
-				PublishedAt: rfc3339ms(m.PublishedAt),
-				Attrs:       attrsMap(m.Attrs), RejectReason: d.Reason,
-			}
-			out = append(out, fm)
+	ds, err := s.node.FSM.FillLeased(r.topic, res.Deliveries)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fetchedMessage, len(ds))
+	for i, d := range ds {
+		m := d.Msg
+		out[i] = fetchedMessage{
+			Topic: r.topic, Partition: d.Partition, Offset: d.Offset,
+			Receipt:        group.Receipt{Partition: d.Partition, Offset: d.Offset, Delivery: d.Delivery}.Encode(r.topic, r.group),
+			ValueB64:       base64.StdEncoding.EncodeToString(m.Value),
+			IdempotencyKey: m.IdempotencyKey, RetryCount: d.RetryCount, MaxRetry: m.MaxRetry,
+			PublishedAt: rfc3339ms(m.PublishedAt),
+			Attrs:       attrsMap(m.Attrs), RejectReason: d.Reason,
 		}
-		return nil
-	})
-	return out, err
+	}
+	return out, nil
 }
 
 type receiptsBody struct {

@@ -16,6 +16,11 @@ type Delivery struct {
 	RetryCount uint32
 	Delivery   uint64
 	Reason     string // the latest failure's reason, for reject_reason
+	// Msg is the message, copied out of the transaction, when the lease
+	// was asked for messages (nil otherwise), its MaxRetry resolved
+	// against the topic's: the leader answers a fetch from the read that
+	// chose it.
+	Msg *mlog.Message
 }
 
 // maxScan bounds how many messages one lease may pass over (delayed, held
@@ -26,9 +31,11 @@ const maxScan = 4096
 // now+leaseMs under delivery id idx (the Raft index of the command).
 // Messages due for redelivery come first, oldest due first; then new
 // messages, one partition after another starting at idx mod partitions.
-// On the way, consumer-group idempotency applies (see offer).
-func (g *Group) Lease(now, leaseMs int64, max int, idx uint64) ([]Delivery, error) {
-	lz := &leaser{g: g, now: now, until: now + leaseMs, idx: idx, max: max}
+// On the way, consumer-group idempotency applies (see offer). With msgs
+// set, each delivery carries its message (Delivery.Msg): the node whose
+// client waits for the answer asks for them, the others need not.
+func (g *Group) Lease(now, leaseMs int64, max int, idx uint64, msgs bool) ([]Delivery, error) {
+	lz := &leaser{g: g, now: now, until: now + leaseMs, idx: idx, max: max, msgs: msgs}
 	if err := lz.dueRedeliveries(); err != nil {
 		return nil, err
 	}
@@ -46,6 +53,7 @@ type leaser struct {
 	now, until int64
 	idx        uint64
 	max        int
+	msgs       bool // read each candidate whole and hand the leased ones out
 	scanned    int
 	out        []Delivery
 }
@@ -137,7 +145,7 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	if err != nil {
 		return err
 	}
-	deliverAt, key, ok, err := part.Head(off)
+	deliverAt, key, ok, m, err := lz.read(part, off)
 	if err != nil {
 		return err
 	}
@@ -174,8 +182,28 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 		Reason: carry.Reason, History: carry.History}); err != nil {
 		return err
 	}
-	lz.out = append(lz.out, Delivery{Partition: p, Offset: off, RetryCount: retry, Delivery: lz.idx, Reason: carry.Reason})
+	d := Delivery{Partition: p, Offset: off, RetryCount: retry, Delivery: lz.idx, Reason: carry.Reason}
+	if m != nil {
+		d.Msg = m.Clone() // m aliases the transaction's memory
+		if d.Msg.MaxRetry < 0 {
+			d.Msg.MaxRetry = g.log.Cfg.MaxRetry // the topic's, as the failure will apply it
+		}
+	}
+	lz.out = append(lz.out, d)
 	return nil
+}
+
+// read reads what offer needs of the message at off: only its head, or
+// with lz.msgs the whole message (m, aliasing the transaction's memory).
+func (lz *leaser) read(part *mlog.Partition, off uint64) (deliverAt int64, key string, ok bool, m *mlog.Message, err error) {
+	if !lz.msgs {
+		deliverAt, key, ok, err = part.Head(off)
+		return deliverAt, key, ok, nil, err
+	}
+	if m, err = part.Get(off); err != nil || m == nil {
+		return 0, "", false, nil, err
+	}
+	return m.DeliverAt, m.IdempotencyKey, true, m, nil
 }
 
 // Receipt statuses.

@@ -178,7 +178,7 @@ func lease(t testing.TB, db *bolt.DB, topic, name string, now, leaseMs int64, ma
 	var ds []Delivery
 	withGroup(t, db, topic, name, func(g *Group) error {
 		var err error
-		ds, err = g.Lease(now, leaseMs, max, idx)
+		ds, err = g.Lease(now, leaseMs, max, idx, false)
 		return err
 	})
 	return ds

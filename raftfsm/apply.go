@@ -87,7 +87,7 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error
 	if err != nil {
 		return nil, err
 	}
-	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx)
+	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx, ev.leaseMsgs)
 	return &Result{Deliveries: ds}, err
 }
 

@@ -79,6 +79,9 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 		return nil, err
 	}
 	defer n.leave()
+	if c.Op == OpLease {
+		defer n.FSM.awaitLease()()
+	}
 	// Encoded here, in the caller's goroutine: the many callers encode in
 	// parallel rather than the batcher one after the other, and once this
 	// returns nothing refers to the caller's buffers (a publish's value may

@@ -25,7 +25,7 @@ type Result struct {
 	Err        error
 	Created    bool
 	Published  []Published
-	Deliveries []group.Delivery
+	Deliveries []group.Delivery // OpLease; each with its Msg on a node that waits for it
 	Statuses   []string
 	Expected   uint64    // ErrSeqGap: the producer sequence that must come next
 	Multi      []*Result // OpMulti: one result per command
@@ -45,6 +45,9 @@ type Events struct {
 	Replays []TopicGroup
 	// Touched: topics a command of the batch named (repeats possible).
 	Touched []string
+	// leaseMsgs: leases put their messages into the result, as someone
+	// on this node waits for a lease (FSM.awaitLease).
+	leaseMsgs bool
 }
 
 func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
@@ -120,6 +123,18 @@ type FSM struct {
 	logBytes  atomic.Uint64
 	snapBytes atomic.Uint64
 	restores  atomic.Uint64
+	// leaseWaiters counts this node's proposers waiting for a lease's
+	// result. While there is none (always on a follower) a lease's result
+	// carries no messages: nobody would read them.
+	leaseWaiters atomic.Int64
+}
+
+// awaitLease registers a proposer of a lease until the returned function
+// is called, after its result arrived: every batch applied meanwhile
+// copies the leased messages into the lease results.
+func (f *FSM) awaitLease() (done func()) {
+	f.leaseWaiters.Add(1)
+	return func() { f.leaseWaiters.Add(-1) }
 }
 
 // Restores counts the snapshots this FSM restored.
@@ -289,7 +304,8 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if last.Index <= f.applied.Load() {
 		return out
 	}
-	ev := &Events{Topics: map[string]struct{}{}, Tallies: map[TopicGroup]*group.Tally{}}
+	ev := &Events{Topics: map[string]struct{}{}, Tallies: map[TopicGroup]*group.Tally{},
+		leaseMsgs: f.leaseWaiters.Load() > 0}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	err := f.db.Update(func(tx *bolt.Tx) error {

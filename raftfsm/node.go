@@ -285,6 +285,9 @@ func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
 		return nil, err
 	}
 	defer n.leave()
+	if c.Op == OpLease {
+		defer n.FSM.awaitLease()()
+	}
 	f, err := n.propose(ctx, c.Encode())
 	if err != nil {
 		return nil, err
