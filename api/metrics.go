@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -9,14 +11,15 @@ import (
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
 // metrics are the HTTP layer's Prometheus families; the node adds its own
-// (raftfsm.Node.Collectors). Labels are bounded: topics, groups, route
-// patterns, status codes; never keys, offsets or paths.
+// (raftfsm.Node.Collectors), and the per-topic and per-group series of the
+// state are written apart (statemetrics.go). Labels are bounded: topics,
+// groups, route patterns, status codes; never keys, offsets or paths.
 type metrics struct {
 	reg         *prometheus.Registry
 	published   *prometheus.CounterVec
@@ -25,14 +28,13 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	requestTime *prometheus.HistogramVec
 	commitLat   prometheus.Histogram
-	handler     fasthttp.RequestHandler
 
 	mu    sync.Mutex
-	known map[raftfsm.TopicGroup]bool // series made so far; Group "" for a topic's
+	known map[string]bool // topics whose published and duplicates series exist
 }
 
 func newMetrics(s *Server) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), known: map[raftfsm.TopicGroup]bool{}}
+	m := &metrics{reg: prometheus.NewRegistry(), known: map[string]bool{}}
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_published_messages_total",
 		Help: "Messages stored by publishes this node committed as leader (duplicates not included)."}, []string{"topic"})
 	m.duplicates = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_publish_duplicates_total",
@@ -46,7 +48,7 @@ func newMetrics(s *Server) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"route"})
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
 		Help: "Leader: time from proposing a publish to its commit on a majority and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
-	m.reg.MustRegister(m.published, m.duplicates, m.receipts, m.requests, m.requestTime, m.commitLat, &stateCollector{s},
+	m.reg.MustRegister(m.published, m.duplicates, m.receipts, m.requests, m.requestTime, m.commitLat,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(s.node.Collectors()...)
 	for _, op := range []string{"ack", "nack", "extend"} {
@@ -57,7 +59,6 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(s.conns.collectors()...)
 	m.reg.MustRegister(s.budget.collectors()...)
 	m.reg.MustRegister(s.polls)
-	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }
 
@@ -95,94 +96,63 @@ func (m *metrics) observeRequest(route string, code int, d time.Duration) {
 	m.requestTime.WithLabelValues(route).Observe(d.Seconds())
 }
 
+// textFormat is the exposition /metrics answers in, whatever the
+// client's Accept header offers (Prometheus accepts it always).
+var textFormat = expfmt.NewFormat(expfmt.TypeTextPlain).WithEscapingScheme(model.UnderscoreEscaping)
+
+// metricsHandler answers the registry's families, then the per-topic and
+// per-group series of the state (statemetrics.go), as Prometheus text,
+// gzipped when the client accepts it.
 func (s *Server) metricsHandler(ctx *fasthttp.RequestCtx, _ *route) error {
-	s.syncSeries()
-	s.metrics.handler(ctx)
+	rows := s.stateRows()
+	topics := make([]string, len(rows.topics))
+	for i, t := range rows.topics {
+		topics[i] = t.name
+	}
+	s.syncTopicSeries(topics)
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		return fmt.Errorf("gather metrics: %w", err)
+	}
+	b := bytes.NewBuffer(make([]byte, 0, rows.size()+256<<10))
+	enc := expfmt.NewEncoder(b, textFormat)
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return fmt.Errorf("encode metrics: %w", err)
+		}
+	}
+	body := rows.appendText(b.Bytes())
+	ctx.SetContentType(string(textFormat))
+	ctx.Response.Header.Add("Vary", "Accept-Encoding")
+	if ctx.Request.Header.HasAcceptEncoding("gzip") {
+		ctx.Response.Header.Set("Content-Encoding", "gzip")
+		body = fasthttp.AppendGzipBytesLevel(nil, body, fasthttp.CompressBestSpeed)
+	}
+	ctx.Response.SetBodyRaw(body) // not copied: nothing else holds it
 	return nil
 }
 
-// syncSeries makes the per-topic and per-group counters show 0 for every
-// existing topic and group (so that a family exists, and rate() sees its
-// first event), and drops the series of deleted ones.
-func (s *Server) syncSeries() {
-	now := map[raftfsm.TopicGroup]bool{}
-	_ = s.node.FSM.Read(func(r *raftfsm.Reader) error {
-		r.EachTopicGauges(nowMs(), func(t *raftfsm.TopicGauges) {
-			now[raftfsm.TopicGroup{Topic: t.Name}] = true
-			for _, g := range t.Groups {
-				now[raftfsm.TopicGroup{Topic: t.Name, Group: g.Name}] = true
-			}
-		})
-		return nil
-	})
+// syncTopicSeries makes the per-topic counters show 0 for every existing
+// topic (so that a family exists, and rate() sees its first event), and
+// drops the series of deleted ones.
+func (s *Server) syncTopicSeries(topics []string) {
 	m := s.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for k := range now {
-		if m.known[k] {
-			continue
-		}
-		m.known[k] = true
-		if k.Group == "" {
-			m.published.WithLabelValues(k.Topic)
-			m.duplicates.WithLabelValues(k.Topic)
-		} else {
-			s.node.GroupSeries(k, true)
+	now := make(map[string]bool, len(topics))
+	for _, t := range topics {
+		now[t] = true
+		if !m.known[t] {
+			m.known[t] = true
+			m.published.WithLabelValues(t)
+			m.duplicates.WithLabelValues(t)
 		}
 	}
-	for k := range m.known {
-		if now[k] {
-			continue
-		}
-		delete(m.known, k)
-		if k.Group == "" {
-			m.published.DeleteLabelValues(k.Topic)
-			m.duplicates.DeleteLabelValues(k.Topic)
-		} else {
-			s.node.GroupSeries(k, false)
+	for t := range m.known {
+		if !now[t] {
+			delete(m.known, t)
+			m.published.DeleteLabelValues(t)
+			m.duplicates.DeleteLabelValues(t)
 		}
 	}
-}
-
-// stateCollector reads per-topic and per-group figures at scrape time from
-// counters the FSM keeps (O(topics × groups × partitions), no message is
-// read).
-type stateCollector struct{ s *Server }
-
-var (
-	descTopicMessages = prometheus.NewDesc("mqd_topic_messages", "Retained messages per topic.", []string{"topic"}, nil)
-	descTopicBytes    = prometheus.NewDesc("mqd_topic_bytes", "Retained payload bytes per topic.", []string{"topic"}, nil)
-	descBacklog       = prometheus.NewDesc("mqd_group_backlog_messages",
-		"Messages waiting for delivery to the group: not yet delivered, or waiting for a redelivery (whether or not its backoff has passed).", []string{"topic", "group"}, nil)
-	descInFlight = prometheus.NewDesc("mqd_group_in_flight_messages", "Messages leased to the group's consumers and not yet acked.", []string{"topic", "group"}, nil)
-	descDLQ      = prometheus.NewDesc("mqd_dlq_messages", "Dead letters in the group's dead-letter store.", []string{"topic", "group"}, nil)
-	descAcked    = prometheus.NewDesc("mqd_group_acked_messages_total", "Messages the group acked (kept in the replicated state).", []string{"topic", "group"}, nil)
-	descSkipped  = prometheus.NewDesc("mqd_group_duplicates_skipped_total",
-		"Messages not delivered to the group because it had already processed their idempotency key.", []string{"topic", "group"}, nil)
-)
-
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTopicMessages, descTopicBytes, descBacklog, descInFlight, descDLQ, descAcked, descSkipped} {
-		ch <- d
-	}
-}
-
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	gauge := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
-	}
-	_ = c.s.node.FSM.Read(func(r *raftfsm.Reader) error {
-		r.EachTopicGauges(nowMs(), func(t *raftfsm.TopicGauges) {
-			gauge(descTopicMessages, t.Messages, t.Name)
-			gauge(descTopicBytes, t.Bytes, t.Name)
-			for _, g := range t.Groups {
-				gauge(descBacklog, g.Waiting, t.Name, g.Name)
-				gauge(descInFlight, g.InFlight, t.Name, g.Name)
-				gauge(descDLQ, g.DLQ, t.Name, g.Name)
-				ch <- prometheus.MustNewConstMetric(descAcked, prometheus.CounterValue, float64(g.Acked), t.Name, g.Name)
-				ch <- prometheus.MustNewConstMetric(descSkipped, prometheus.CounterValue, float64(g.DuplicatesSkipped), t.Name, g.Name)
-			}
-		})
-		return nil
-	})
 }

@@ -12,11 +12,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// nodeMetrics are the node's Prometheus collectors: what the FSM applied
-// (per topic and group, counted only for entries this node had not applied
-// before it started), raft's own timings, snapshots and leadership.
+// nodeMetrics are the node's Prometheus collectors: raft's own timings,
+// snapshots and leadership; and what the FSM applied per topic and group
+// (counted only for entries this node had not applied before it started),
+// kept as plain sums that the HTTP layer's scrape writes out (GroupTallies)
+// next to the state's per-group gauges.
 type nodeMetrics struct {
-	nacked, expired, deadLettered, replayed *prometheus.CounterVec
+	mu      sync.Mutex
+	tallies map[TopicGroup]*TallyAt
+	applied func() uint64 // the FSM's applied index
 
 	leaderChanges prometheus.Counter
 	snapshots     prometheus.Counter
@@ -24,16 +28,17 @@ type nodeMetrics struct {
 	snapshotBytes prometheus.Gauge
 }
 
+// TallyAt is a group's sums of applied events, with the applied index
+// they were last added at.
+type TallyAt struct {
+	group.Tally
+	At uint64
+}
+
 func newNodeMetrics() *nodeMetrics {
-	tg := []string{"topic", "group"}
-	counter := func(name, help string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, tg)
-	}
 	return &nodeMetrics{
-		nacked:       counter("mqd_nacked_messages_total", "Nacked deliveries (retryable or not) applied."),
-		expired:      counter("mqd_lease_expiries_total", "Leases that expired without an ack, applied."),
-		deadLettered: counter("mqd_dead_lettered_messages_total", "Messages moved to a group's dead-letter store."),
-		replayed:     counter("mqd_replayed_messages_total", "Dead letters put back into delivery by a replay."),
+		tallies: map[TopicGroup]*TallyAt{},
+		applied: func() uint64 { return 0 },
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_leader_changes_total",
 			Help: "Times this node saw the cluster's leader change (including to none)."}),
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_snapshots_total",
@@ -45,30 +50,49 @@ func newNodeMetrics() *nodeMetrics {
 	}
 }
 
-// tally adds a batch's events to the counters.
+// tally adds a batch's events to the sums (called after the batch is
+// applied, so the applied index covers it).
 func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
+	at := m.applied()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for k, t := range ts {
-		add := func(v *prometheus.CounterVec, n uint64) {
-			if n > 0 {
-				v.WithLabelValues(k.Topic, k.Group).Add(float64(n))
-			}
+		s := m.tallies[k]
+		if s == nil {
+			s = &TallyAt{}
+			m.tallies[k] = s
 		}
-		add(m.nacked, t.Nacked)
-		add(m.expired, t.LeasesExpired)
-		add(m.deadLettered, t.DeadLettered)
-		add(m.replayed, t.Replayed)
+		s.Nacked += t.Nacked
+		s.LeasesExpired += t.LeasesExpired
+		s.DeadLettered += t.DeadLettered
+		s.Replayed += t.Replayed
+		s.At = at
 	}
 }
 
-// GroupSeries makes the per-group counters of k exist at 0 (create) or
-// removes them (a deleted group).
-func (n *Node) GroupSeries(k TopicGroup, create bool) {
+// GroupTallies answers a copy of the per-group sums of applied events
+// (only groups that had any).
+func (n *Node) GroupTallies() map[TopicGroup]TallyAt {
 	m := n.metrics
-	for _, v := range []*prometheus.CounterVec{m.nacked, m.expired, m.deadLettered, m.replayed} {
-		if create {
-			v.WithLabelValues(k.Topic, k.Group)
-		} else {
-			v.DeleteLabelValues(k.Topic, k.Group)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[TopicGroup]TallyAt, len(m.tallies))
+	for k, t := range m.tallies {
+		out[k] = *t
+	}
+	return out
+}
+
+// DropGroupTallies forgets the sums of groups that a view of the state
+// at applied index upTo did not hold (deleted groups), unless events were
+// added to them after upTo (a group created since).
+func (n *Node) DropGroupTallies(keys []TopicGroup, upTo uint64) {
+	m := n.metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range keys {
+		if t := m.tallies[k]; t != nil && t.At <= upTo {
+			delete(m.tallies, k)
 		}
 	}
 }
@@ -118,7 +142,6 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 func (n *Node) Collectors() []prometheus.Collector {
 	m := n.metrics
 	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
-		m.nacked, m.expired, m.deadLettered, m.replayed,
 		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_snapshot_restores_total",
 			Help: "Snapshots this node restored (at start, or sent by the leader)."},

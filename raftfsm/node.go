@@ -126,6 +126,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
 	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}

@@ -206,6 +206,29 @@ func TestMetricsFamilies(t *testing.T) {
 			}
 		}
 	}
+	// A deleted group's series leave every per-group family, the node's
+	// own counters (lease expiries) included.
+	if r, err := n.Do(ctx, "DELETE", "/v1/topics/metrics-t/groups/g2", nil, nil); err != nil || r.Status != 200 {
+		t.Fatalf("delete group g2: %v %+v", err, r)
+	}
+	for name, f := range scrape(ctx, t, n) {
+		for _, m := range f.GetMetric() {
+			if slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == "group" && l.GetValue() == "g2" }) {
+				t.Errorf("%s still has a series of the deleted group g2", name)
+			}
+		}
+	}
+	// A deleted topic's series leave every family.
+	if r, err := n.Do(ctx, "DELETE", "/v1/topics/metrics-t", nil, nil); err != nil || r.Status != 200 {
+		t.Fatalf("delete topic: %v %+v", err, r)
+	}
+	for name, f := range scrape(ctx, t, n) {
+		for _, m := range f.GetMetric() {
+			if slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == "topic" && l.GetValue() == "metrics-t" }) {
+				t.Errorf("%s still has a series of the deleted topic", name)
+			}
+		}
+	}
 }
 
 // pollMetric waits (bounded by ctx and 20 s) until a node's metric has the

@@ -1,0 +1,96 @@
+package api
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/mqd/mqd/group"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+)
+
+// The state's series, written straight as text, are byte for byte what
+// the registry's encoder writes for the same families, label values and
+// values (including label values that need escaping, large values, and no
+// family at all without rows).
+func TestStateTextMatchesRegistry(t *testing.T) {
+	rows := &stateRows{
+		topics: []topicRow{{name: "a", messages: 3, bytes: 1 << 40}, {name: "b.c-d_e"}},
+		groups: []groupRow{
+			{topic: "a", name: "g1", Gauges: group.Gauges{Waiting: 1234567, InFlight: 1, DLQ: 2, Acked: 1 << 53, DuplicatesSkipped: 7},
+				Tally: group.Tally{Nacked: 5, LeasesExpired: 6, DeadLettered: 8, Replayed: 9}},
+			{topic: "a", name: "g2"},
+			{topic: `q"u\o` + "\nte", name: `x\y`},
+		},
+	}
+	reg := prometheus.NewRegistry()
+	add := func(name, typ, help string, labels []string, set func(v *prometheus.GaugeVec, c *prometheus.CounterVec)) {
+		if typ == "gauge" {
+			v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+			reg.MustRegister(v)
+			set(v, nil)
+			return
+		}
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		reg.MustRegister(c)
+		set(nil, c)
+	}
+	put := func(v *prometheus.GaugeVec, c *prometheus.CounterVec, x uint64, lv ...string) {
+		if v != nil {
+			v.WithLabelValues(lv...).Set(float64(x))
+		} else {
+			c.WithLabelValues(lv...).Add(float64(x))
+		}
+	}
+	for _, f := range topicFamilies {
+		add(f.name, f.typ, f.help, []string{"topic"}, func(v *prometheus.GaugeVec, c *prometheus.CounterVec) {
+			for i := range rows.topics {
+				put(v, c, f.value(&rows.topics[i]), rows.topics[i].name)
+			}
+		})
+	}
+	for _, f := range groupFamilies {
+		add(f.name, f.typ, f.help, []string{"topic", "group"}, func(v *prometheus.GaugeVec, c *prometheus.CounterVec) {
+			for i := range rows.groups {
+				put(v, c, f.value(&rows.groups[i]), rows.groups[i].topic, rows.groups[i].name)
+			}
+		})
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The registry sorts families by name and series by label values; the
+	// rows come in that order from the state (names in byte order).
+	want := map[string][]byte{}
+	for _, mf := range mfs {
+		var b bytes.Buffer
+		if err := expfmt.NewEncoder(&b, textFormat).Encode(mf); err != nil {
+			t.Fatal(err)
+		}
+		want[mf.GetName()] = b.Bytes()
+	}
+	got := rows.appendText(nil)
+	for _, name := range append(familyNames(topicFamilies), familyNames(groupFamilies)...) {
+		w := want[name]
+		i := bytes.Index(got, []byte("# HELP "+name+" "))
+		if i < 0 || !bytes.HasPrefix(got[i:], w) {
+			end := min(len(got), i+len(w))
+			t.Errorf("%s:\ngot  %q\nwant %q", name, got[max(i, 0):max(end, 0)], w)
+		}
+	}
+	if n := len(bytes.Split(bytes.TrimSpace(got), []byte("\n"))); n != 2*(2+2)+9*(2+3) {
+		t.Errorf("%d lines, want %d", n, 2*(2+2)+9*(2+3))
+	}
+	if out := (&stateRows{}).appendText(nil); len(out) != 0 {
+		t.Errorf("no topics: %q, want nothing (no family without series)", out)
+	}
+}
+
+func familyNames[R any](fs []stateFamily[R]) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.name
+	}
+	return out
+}
