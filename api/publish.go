@@ -13,7 +13,6 @@ import (
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
-	bolt "go.etcd.io/bbolt"
 )
 
 const (
@@ -78,14 +77,12 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	if dup, ok := s.knownDuplicate(r.topic, m.msg.IdempotencyKey, prod); ok {
-		s.metrics.duplicates.WithLabelValues(r.topic).Inc()
-		writeJSON(ctx, 200, publishAnswer{Topic: r.topic, Partition: dup.Partition, Offset: dup.Offset, Duplicate: true})
-		return nil
-	}
 	// The value aliases fasthttp's body buffer, reused after this handler
 	// returns: ApplyBatched encodes (copies) it before it waits.
 	m.msg.Value = ctx.PostBody()
+	// A repeated idempotency key is answered by the FSM, the one place that
+	// decides duplicates: the leader does not look it up before proposing
+	// (docs/performance.md, "Idempotency key overhead", has why).
 	res, err := s.publishMsgs(ctx, r, []pubMsg{m}, prod)
 	if err != nil {
 		return err
@@ -97,24 +94,6 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	writeJSON(ctx, status, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate})
 	return nil
-}
-
-// knownDuplicate answers a repeated idempotency key from the leader's
-// applied state, without a Raft round. Only committed publishes are
-// applied, so a hit is final; a miss goes to the FSM, which decides.
-// Requests with a producer sequence always go to the FSM.
-func (s *Server) knownDuplicate(topic, key string, prod producer) (raftfsm.Published, bool) {
-	if key == "" || prod.id != "" {
-		return raftfsm.Published{}, false
-	}
-	var pub raftfsm.Published
-	var ok bool
-	_ = s.node.FSM.View(func(tx *bolt.Tx) error {
-		var err error
-		pub, ok, err = raftfsm.LookupKey(tx, topic, key, nowMs())
-		return err
-	})
-	return pub, ok
 }
 
 // publishMsgs places the messages on partitions and commits them as one

@@ -329,11 +329,15 @@ func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, bod
 		return fmt.Errorf("%w: leader address unknown", raftfsm.ErrNotLeader)
 	}
 	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	ctx.Request.CopyTo(req)
-	if body != nil {
-		req.SetBody(body)
+	defer fasthttp.ReleaseRequest(req) // which drops the raw body
+	// The head is copied; the body is not (it can be 16 MiB): the forward
+	// sends the client request's own buffer, which stays valid until this
+	// handler returns.
+	ctx.Request.Header.CopyTo(&req.Header)
+	if body == nil {
+		body = ctx.Request.Body()
 	}
+	req.SetBodyRaw(body)
 	req.SetHost(addr)
 	req.URI().SetScheme("http")
 	req.Header.Set(forwardHeader, strconv.Itoa(hops+1))

@@ -42,6 +42,7 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) 
 	case OpDedupExpire:
 		return &Result{}, applyDedupExpire(tx, c)
 	case OpSetNode:
+		ev.NodesChanged = true
 		var e mlog.Enc
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)

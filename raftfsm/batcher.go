@@ -30,7 +30,8 @@ const (
 )
 
 type pending struct {
-	enc    []byte // the encoded command
+	enc    []byte  // the encoded command
+	buf    *[]byte // enc's buffer from encBufs, or nil
 	queued time.Time
 	done   chan batchResult
 }
@@ -86,8 +87,8 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 	// parallel rather than the batcher one after the other, and once this
 	// returns nothing refers to the caller's buffers (a publish's value may
 	// alias its request body).
-	enc := c.Encode()
-	p := &pending{enc: enc, queued: time.Now(), done: make(chan batchResult, 1)}
+	enc, buf := c.encodePooled()
+	p := &pending{enc: enc, buf: buf, queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
 	case n.batch.in <- p:
 	case <-ctx.Done():
@@ -146,6 +147,7 @@ func (b *batcher) commit(batch []*pending) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	entries := packEntries(batch)
+	recycleCopied(batch, entries)
 	// All entries go to Raft at once: its leader loop appends them in one
 	// log transaction and sends them in one AppendEntries, and the FSM
 	// applies them in one bbolt transaction.
@@ -231,6 +233,21 @@ func packEntries(batch []*pending) []entry {
 	}
 	flush(len(batch))
 	return out
+}
+
+// recycleCopied gives back to encBufs the encodings that packEntries copied
+// into an OpMulti entry. A command alone in its entry is that entry's data,
+// which raft keeps: it is not given back.
+func recycleCopied(batch []*pending, entries []entry) {
+	for _, e := range entries {
+		if e.n == 1 {
+			continue
+		}
+		for _, p := range batch[e.first : e.first+e.n] {
+			recycleEnc(p.buf)
+			p.enc, p.buf = nil, nil
+		}
+	}
 }
 
 // drain answers what is still queued when the batcher stops: nothing of

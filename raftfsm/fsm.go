@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -41,6 +42,8 @@ type Events struct {
 	Tallies map[TopicGroup]*group.Tally
 	// ConfigChanged: a topic was created, changed or deleted.
 	ConfigChanged bool
+	// NodesChanged: a node's addresses were recorded.
+	NodesChanged bool
 	// Replays: groups whose queue of dead letters to replay changed.
 	Replays []TopicGroup
 	// Touched: topics a command of the batch named (repeats possible).
@@ -117,7 +120,11 @@ type FSM struct {
 	// its last snapshot on, and those up to here are already in the file.
 	opened uint64
 	cfgGen atomic.Uint64
-	now    int64 // ApplyBatch's running time, loaded from and saved to meta "now"
+	// nodesGen moves after every batch that recorded node addresses (and
+	// every restore); nodes caches the addresses read at some generation.
+	nodesGen atomic.Uint64
+	nodes    atomic.Pointer[nodesCache]
+	now      int64 // ApplyBatch's running time, loaded from and saved to meta "now"
 	// logBytes counts the bytes of raft entries applied since start;
 	// snapBytes is its value at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
@@ -346,6 +353,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if ev.ConfigChanged {
 		f.cfgGen.Add(1)
 	}
+	if ev.NodesChanged {
+		f.nodesGen.Add(1)
+	}
 	if len(ev.Topics) > 0 {
 		f.wake(ev.Topics)
 	}
@@ -421,8 +431,33 @@ func (f *FSM) Now() int64 {
 	return now
 }
 
-// Nodes returns the node addresses recorded in the FSM.
-func (f *FSM) Nodes() map[string]NodeInfo {
+// Nodes returns the node addresses recorded in the FSM (a copy the caller
+// may change).
+func (f *FSM) Nodes() map[string]NodeInfo { return maps.Clone(f.nodeAddrs()) }
+
+// Node returns the addresses recorded for node id. Followers look the
+// leader up on every request they forward: this answers from memory.
+func (f *FSM) Node(id string) (NodeInfo, bool) {
+	n, ok := f.nodeAddrs()[id]
+	return n, ok
+}
+
+// nodesCache is the nodes bucket as read at generation gen.
+type nodesCache struct {
+	gen   uint64
+	nodes map[string]NodeInfo // never changed once stored
+}
+
+// nodeAddrs returns the nodes bucket, read anew only when a batch that
+// recorded addresses (or a restore) moved nodesGen since the cached read.
+// The generation is loaded before the read and moves after the commit, so
+// a read that missed a change is cached under an older generation than
+// the current one and is not used again.
+func (f *FSM) nodeAddrs() map[string]NodeInfo {
+	gen := f.nodesGen.Load()
+	if c := f.nodes.Load(); c != nil && c.gen == gen {
+		return c.nodes
+	}
 	out := map[string]NodeInfo{}
 	_ = f.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktNodes).ForEach(func(k, v []byte) error {
@@ -434,6 +469,7 @@ func (f *FSM) Nodes() map[string]NodeInfo {
 			return nil
 		})
 	})
+	f.nodes.Store(&nodesCache{gen: gen, nodes: out})
 	return out
 }
 
@@ -503,6 +539,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.db = db
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
+	f.nodesGen.Add(1)
 	f.snapBytes.Store(f.logBytes.Load())
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)

@@ -610,12 +610,12 @@ func TestApplyPublishIdempotencyKeys(t *testing.T) {
 		t.Fatalf("duplicates were stored: %+v", p)
 	}
 	_ = h.f.View(func(tx *bolt.Tx) error {
-		got, ok, err := LookupKey(tx, "t", "K", 1999)
+		got, ok, err := lookupKey(tx, "t", "K", 1999)
 		if err != nil || !ok || got != (Published{1, 0, true}) {
-			t.Errorf("LookupKey inside the window = %+v, %v, %v", got, ok, err)
+			t.Errorf("lookupKey inside the window = %+v, %v, %v", got, ok, err)
 		}
-		if _, ok, _ := LookupKey(tx, "t", "K", 2000); ok {
-			t.Errorf("LookupKey after the window still finds K")
+		if _, ok, _ := lookupKey(tx, "t", "K", 2000); ok {
+			t.Errorf("lookupKey after the window still finds K")
 		}
 		return nil
 	})
@@ -658,7 +658,7 @@ func TestApplyDedupExpire(t *testing.T) {
 		t.Fatalf("entries left = %d, want only K3's", n)
 	}
 	_ = h.f.View(func(tx *bolt.Tx) error {
-		if _, ok, _ := LookupKey(tx, "t", "K3", 2000); !ok {
+		if _, ok, _ := lookupKey(tx, "t", "K3", 2000); !ok {
 			t.Errorf("K3 expired early")
 		}
 		return nil
@@ -706,6 +706,56 @@ func TestApplySetNode(t *testing.T) {
 	h.must(&Command{Op: OpSetNode, Node: n2})
 	if got := h.f.Nodes(); !reflect.DeepEqual(got, map[string]NodeInfo{"n1": n1, "n2": n2}) {
 		t.Fatalf("Nodes = %+v", got)
+	}
+}
+
+// TestNodeAddressesFollowChanges: Node and Nodes answer from memory
+// between changes, and see each change (an address recorded, a restore)
+// at once.
+func TestNodeAddressesFollowChanges(t *testing.T) {
+	h := mustFSM(t)
+	if _, ok := h.f.Node("n1"); ok {
+		t.Fatal("an empty FSM knows n1")
+	}
+	n1 := NodeInfo{ID: "n1", HTTPAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7101"}
+	h.must(&Command{Op: OpSetNode, Node: n1})
+	if got, ok := h.f.Node("n1"); !ok || got != n1 {
+		t.Fatalf("Node(n1) = %+v, %v; want %+v", got, ok, n1)
+	}
+	n1.HTTPAddr = "127.0.0.1:8001"
+	h.must(&Command{Op: OpSetNode, Node: n1})
+	if got, _ := h.f.Node("n1"); got != n1 {
+		t.Fatalf("after the address changed, Node(n1) = %+v; want %+v", got, n1)
+	}
+	h.must(&Command{Op: OpPutTopic, Topic: "t"}) // no node change: the cache stays
+	all := h.f.Nodes()
+	delete(all, "n1") // a caller's copy
+	if _, ok := h.f.Node("n1"); !ok {
+		t.Fatal("changing the map Nodes returned changed the FSM's")
+	}
+
+	// A restore replaces the addresses: a snapshot of another FSM that
+	// knows n2 only.
+	o := mustFSM(t)
+	n2 := NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
+	o.must(&Command{Op: OpSetNode, Node: n2})
+	snap, err := o.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if err := h.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := h.f.Node("n2"); !ok || got != n2 {
+		t.Fatalf("after a restore, Node(n2) = %+v, %v; want %+v", got, ok, n2)
+	}
+	if got, ok := h.f.Node("n1"); ok {
+		t.Fatalf("after a restore without n1, Node(n1) = %+v", got)
 	}
 }
 

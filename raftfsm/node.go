@@ -275,7 +275,7 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 	if string(lid) == n.cfg.ID {
 		return n.cfg.ID, n.cfg.HTTPAddr, true
 	}
-	info, ok := n.FSM.Nodes()[string(lid)]
+	info, ok := n.FSM.Node(string(lid))
 	return string(lid), info.HTTPAddr, ok && info.HTTPAddr != ""
 }
 

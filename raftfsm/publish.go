@@ -16,10 +16,10 @@ func publishIndex(tx *bolt.Tx, l *mlog.Log) (*dedup.Index, error) {
 	return dedup.Open(tx, l.Bucket(), bktKeys, dedup.KindPublish, l.Topic, "")
 }
 
-// LookupKey answers whether key was published to topic within its window
-// at now, and where. The leader uses it to answer duplicates without a Raft
-// round; the FSM decides for real.
-func LookupKey(tx *bolt.Tx, topic, key string, now int64) (Published, bool, error) {
+// lookupKey answers whether key was published to topic within its window
+// at now, and where (the tests' view of the index; the leader does not
+// look keys up before proposing: see docs/performance.md).
+func lookupKey(tx *bolt.Tx, topic, key string, now int64) (Published, bool, error) {
 	l, err := mlog.Open(tx, topic)
 	if err != nil {
 		return Published{}, false, err

@@ -1,0 +1,182 @@
+// CPU per published message on each node of a three-node cluster, with the
+// publishes sent to the leader or to a follower (which forwards them).
+//
+//	go test -run '^$' -bench PublishCPU -benchtime 20000x ./bench/
+//
+// b.N is the number of messages (1 KiB, a unique Idempotency-Key each, 64
+// publishers). Each node's CPU (user + system, /proc/PID/stat, 10 ms ticks)
+// over the timed part is divided by the messages: leader_us/msg, entry_us/msg
+// (follower 1: the node the publishes go to when via=follower), other_us/msg
+// (follower 2), and cluster_us/msg, their sum; leader_B/msg and entry_B/msg
+// are the bytes the leader and follower 1 allocated per message
+// (go_memstats_alloc_bytes_total from /metrics).
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+func BenchmarkPublishCPU(b *testing.B) {
+	s := startSystem(b, 3)
+	fs, err := s.c.Followers(context.Background())
+	if err != nil || len(fs) != 2 {
+		b.Fatalf("followers: %v %v", fs, err)
+	}
+	nodes := []*tc.Node{s.leader, fs[0], fs[1]}
+	body := payload(payloadSize)
+	const publishers = 64
+	for _, via := range []string{"leader", "follower"} {
+		b.Run(fmt.Sprintf("via=%s/publishers=%d", via, publishers), func(b *testing.B) {
+			entry := s.leader
+			if via == "follower" {
+				entry = fs[0]
+			}
+			topic := s.topic(b, "cpu-"+via, nil)
+			url := entry.URL() + "/v1/topics/" + topic + "/messages"
+			nonce := keyNonce.Add(1)
+			op := func(_ int, i int64) (int, error) {
+				hdr := map[string]string{"Idempotency-Key": fmt.Sprintf("%016x-%020d", nonce, i)}
+				_, err := s.post(context.Background(), url, body, hdr, http.StatusCreated)
+				return 1, err
+			}
+			before, allocBefore := nodesCPU(b, nodes), nodesAllocated(b, nodes)
+			prof := profileNodes(b, map[string]*tc.Node{"leader": nodes[0], "entry": nodes[1], "other": nodes[2]})
+			b.ResetTimer()
+			n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
+			b.StopTimer()
+			after, allocAfter := nodesCPU(b, nodes), nodesAllocated(b, nodes)
+			prof()
+			if err != nil {
+				b.Fatal(err)
+			}
+			per := func(i int) float64 { return float64(after[i]-before[i]) / float64(time.Microsecond) / float64(n) }
+			ms := []metric{{float64(n) / elapsed.Seconds(), "msgs/s"},
+				{per(0), "leader_us/msg"}, {per(1), "entry_us/msg"}, {per(2), "other_us/msg"},
+				{per(0) + per(1) + per(2), "cluster_us/msg"},
+				{(allocAfter[0] - allocBefore[0]) / float64(n), "leader_B/msg"},
+				{(allocAfter[1] - allocBefore[1]) / float64(n), "entry_B/msg"}}
+			report(b, append(ms, latencyMetrics("", lat)...))
+		})
+	}
+}
+
+var flagProfile = flag.String("bench.cpuprofile", "",
+	"PublishCPU: write CPU and allocation profiles of each node (the first 5 s of the timed part) to this directory")
+
+// profileNodes starts a 5 s CPU and allocation profile of each node (GET
+// /debug/pprof/profile and /debug/pprof/allocs?seconds=5) when
+// -bench.cpuprofile is set; the function it returns waits for them, which
+// are in DIR/<benchmark>-<role>.{cpu,allocs}.pprof.
+func profileNodes(b *testing.B, nodes map[string]*tc.Node) func() {
+	if *flagProfile == "" {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for role, n := range nodes {
+		for kind, path := range map[string]string{"cpu": "profile", "allocs": "allocs"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				r, err := n.Do(ctx, http.MethodGet, "/debug/pprof/"+path+"?seconds=5", nil, nil)
+				if err == nil {
+					err = r.Expect(http.StatusOK)
+				}
+				if err == nil {
+					name := strings.NewReplacer("/", "_", "=", "-").Replace(b.Name()) + "-" + role + "." + kind + ".pprof"
+					err = os.WriteFile(filepath.Join(*flagProfile, name), r.Body, 0o644)
+				}
+				if err != nil {
+					b.Errorf("%s profile of %s: %v", kind, n, err)
+				}
+			}()
+		}
+	}
+	return wg.Wait
+}
+
+// nodesAllocated reads each node's go_memstats_alloc_bytes_total (bytes
+// allocated on its Go heap so far) from GET /metrics.
+func nodesAllocated(b *testing.B, nodes []*tc.Node) []float64 {
+	b.Helper()
+	out := make([]float64, len(nodes))
+	for i, n := range nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
+		cancel()
+		if err == nil {
+			err = r.Expect(http.StatusOK)
+		}
+		if err != nil {
+			b.Fatalf("%s: %v", n, err)
+		}
+		found := false
+		for _, line := range strings.Split(string(r.Body), "\n") {
+			if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
+				if out[i], err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+					b.Fatalf("%s: %q: %v", n, line, err)
+				}
+				found = true
+			}
+		}
+		if !found {
+			b.Fatalf("%s: no go_memstats_alloc_bytes_total in /metrics", n)
+		}
+	}
+	return out
+}
+
+// nodesCPU reads each node's CPU time so far (user + system).
+func nodesCPU(b *testing.B, nodes []*tc.Node) []time.Duration {
+	b.Helper()
+	out := make([]time.Duration, len(nodes))
+	for i, n := range nodes {
+		d, err := processCPU(n.PID())
+		if err != nil {
+			b.Fatalf("%s: %v", n, err)
+		}
+		out[i] = d
+	}
+	return out
+}
+
+// processCPU is the user + system time of process pid from
+// /proc/PID/stat (fields 14 and 15, in USER_HZ = 100 ticks a second).
+func processCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: count fields from
+	// after its closing parenthesis (field 3 comes first).
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := bytes.Fields(raw[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(string(f[11]), 10, 64)
+	stime, err2 := strconv.ParseInt(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime/stime: %w", pid, errors.Join(err1, err2))
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
