@@ -82,10 +82,11 @@ var topicSeq atomic.Int64
 // startSystem starts an n-node cluster; it is killed in b's cleanup. The
 // client keeps alive up to 256 idle connections per node, more than the
 // benchmarks' concurrency, so that no request pays a TCP handshake.
-func startSystem(b *testing.B, n int) *system {
+func startSystem(b *testing.B, n int, flags ...string) *system {
 	b.Helper()
 	client := tc.NewClient(60*time.Second, 256)
-	c := tc.Start(b, n, tc.WithClient(client), tc.WithFlags("--pprof")) // nodeHeap and profiling use /debug/pprof/
+	// nodeHeap and profiling use /debug/pprof/.
+	c := tc.Start(b, n, tc.WithClient(client), tc.WithFlags(append([]string{"--pprof"}, flags...)...))
 	leader, err := c.Leader(context.Background())
 	if err != nil {
 		b.Fatal(err)

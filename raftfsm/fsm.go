@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/dedup"
@@ -151,6 +152,10 @@ func (f *FSM) Restores() uint64 { return f.restores.Load() }
 // since its latest snapshot (since start, if it took none since).
 func (f *FSM) BytesSinceSnapshot() uint64 { return f.logBytes.Load() - f.snapBytes.Load() }
 
+// AppliedBytes is how many bytes of raft entries this node applied since
+// it started.
+func (f *FSM) AppliedBytes() uint64 { return f.logBytes.Load() }
+
 // Size is the size of the state a snapshot copies, in bytes.
 func (f *FSM) Size() int64 {
 	var n int64
@@ -171,10 +176,41 @@ var boltOpts = &bolt.Options{
 	// Nor an fsync when the file grows: with NoSync it flushed every dirty
 	// page of the file at once, stalling the apply (and every answer
 	// waiting on it). Measured at 64 publishers: publish p99 20.5 → 9.0 ms.
-	NoGrowSync:      true,
-	NoFreelistSync:  true,
+	NoGrowSync: true,
+	// The free list is written with the commit while it is small, so that
+	// opening the file reads it instead of walking every page (about a
+	// second per GiB, many more on a busy machine); see syncFreelistIfSmall.
+	NoFreelistSync:  false,
 	FreelistType:    bolt.FreelistMapType,
 	InitialMmapSize: 1 << 30,
+	// 8 KiB pages, set when the file is created (an existing file keeps
+	// its own). Message leaves split full, so a page holds as many whole
+	// messages as fit: 1 KiB messages fill 4 KiB pages three to a page
+	// (1.34 bytes of file per payload byte) and 8 KiB pages seven to a
+	// page (1.14). Larger pages cost the random-key dedup index: each
+	// insert dirties a whole leaf. Measured with BenchmarkFSMApplyBatch at
+	// 16 keyed publishes per batch, CPU per message 4 KiB 1.0, 8 KiB
+	// about 1.25, 16 KiB about 1.8; unkeyed and large batches equal or
+	// cheaper (docs/performance.md).
+	PageSize: fsmPageSize,
+}
+
+const fsmPageSize = 8 << 10
+
+// freelistSyncMax is the most free pages whose list a commit writes
+// (8 KiB of page ids, one page). Above it, as after a large backlog was
+// trimmed, writing and sorting the whole list at every commit would cost
+// more than the apply itself, so commits skip it (and a restart before the
+// free pages are used again walks the file to rebuild the list).
+const freelistSyncMax = 1024
+
+// syncFreelistIfSmall decides, inside a write transaction, whether its
+// commit writes bbolt's free list. Only the applying goroutine writes
+// fsm.db, so the DB's NoFreelistSync is read and set by this goroutine
+// alone.
+func (f *FSM) syncFreelistIfSmall() {
+	st := f.db.Stats()
+	f.db.NoFreelistSync = st.FreePageN+st.PendingPageN > freelistSyncMax
 }
 
 // OpenFSM opens the state machine at path as it is, if it can be trusted
@@ -198,6 +234,7 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 		return nil, fmt.Errorf("fsm state: %w", err)
 	}
 	f := &FSM{path: path, logger: logger}
+	start := time.Now()
 	db, err := openDB(path)
 	if err != nil {
 		return nil, err
@@ -207,7 +244,11 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 	f.applied.Store(index)
 	f.opened = index
 	if trusted {
-		logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", why)
+		// Opening takes about a second per GiB of fsm.db: bbolt walks every
+		// page to rebuild its free list, which it does not write at each
+		// commit (NoFreelistSync; see boltOpts).
+		logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", why,
+			"took", time.Since(start).Round(time.Millisecond))
 	} else {
 		logger.Info("state machine starts empty: it is rebuilt from the latest snapshot and the raft log", "why", why)
 	}
@@ -335,6 +376,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if err := m.Put(keyNow, mlog.U64Key(uint64(f.now))); err != nil {
 			return err
 		}
+		f.syncFreelistIfSmall()
 		if err := m.Put(keyApplied, mlog.U64Key(last.Index)); err != nil {
 			return err
 		}

@@ -26,6 +26,10 @@ type nodeMetrics struct {
 	snapshots     prometheus.Counter
 	snapshotTime  prometheus.Histogram
 	snapshotBytes prometheus.Gauge
+	// snapshotWritten sums the sizes of the snapshots taken, to set
+	// against mqd_raft_applied_bytes_total (the snapshot policy keeps it
+	// within twice that).
+	snapshotWritten prometheus.Counter
 }
 
 // TallyAt is a group's sums of applied events, with the applied index
@@ -47,6 +51,8 @@ func newNodeMetrics() *nodeMetrics {
 			Help: "Time to take a snapshot (copy the state to the snapshot store).", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 		snapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mqd_raft_snapshot_bytes",
 			Help: "Size of this node's latest snapshot."}),
+		snapshotWritten: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_snapshot_written_bytes_total",
+			Help: "Bytes of snapshots this node took (the sum of their sizes)."}),
 	}
 }
 
@@ -142,7 +148,10 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 func (n *Node) Collectors() []prometheus.Collector {
 	m := n.metrics
 	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
-		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes,
+		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes, m.snapshotWritten,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_applied_bytes_total",
+			Help: "Bytes of raft log entries this node applied since it started."},
+			func() float64 { return float64(n.FSM.AppliedBytes()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_snapshot_restores_total",
 			Help: "Snapshots this node restored (at start, or sent by the leader)."},
 			func() float64 { return float64(n.FSM.Restores()) }),

@@ -11,16 +11,23 @@ import (
 
 // When to snapshot. A snapshot copies the whole FSM — every retained
 // message — so hashicorp/raft's own trigger, a count of log entries, makes
-// its cost grow with the backlog: a node holding 50 GB would copy 50 GB
-// every --snapshot-threshold entries. mqd takes snapshots itself: after
-// --snapshot-threshold entries as before, and, once the FSM is larger than
-// snapshotRatioFloor, only when the log since the last snapshot holds at
-// least 1/snapshotRatio of the FSM's size. The bytes a snapshot writes then
-// stay within snapshotRatio times the bytes appended to the log, and the
-// log (what a restart replays, what the disk holds besides the FSM) within
-// 1/snapshotRatio of the FSM.
+// its cost grow with the backlog (a node holding 50 GB would copy 50 GB
+// every --snapshot-threshold entries), and says nothing of their size (a
+// group commit of batch publishes is one entry of up to 4 MiB, so 8192 of
+// them are 32 GiB of log and no snapshot). mqd takes snapshots itself,
+// when the raft log applied since the last one holds at least
+// 1/snapshotRatio of the state's size (or of snapshotRatioFloor, for a
+// smaller state), or, while the state is under snapshotRatioFloor, after
+// --snapshot-threshold entries. So:
+//   - the bytes snapshots write stay within snapshotRatio times the log
+//     bytes, or snapshotRatioFloor per --snapshot-threshold entries for a
+//     small state (512 bytes per entry at the default 8192);
+//   - the log a restart reads back and the disk keeps stays within half
+//     the state (or 2 MiB, or the threshold's entries, if larger).
+//
+// BenchmarkSnapshotBytes and BenchmarkRestart measure both.
 const (
-	snapshotRatioFloor = 64 << 20
+	snapshotRatioFloor = 4 << 20
 	snapshotRatio      = 2
 	// raftSnapshotOff is the threshold given to raft: never by itself.
 	raftSnapshotOff = math.MaxUint64
@@ -40,6 +47,7 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		if !due {
 			continue
 		}
+		n.boundTrailingLogs()
 		start := time.Now()
 		err := n.Raft.Snapshot().Error()
 		switch {
@@ -53,6 +61,7 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 			n.metrics.snapshotTime.Observe(time.Since(start).Seconds())
 			if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
 				n.metrics.snapshotBytes.Set(float64(metas[0].Size))
+				n.metrics.snapshotWritten.Add(float64(metas[0].Size))
 			}
 			n.logger.Info("snapshot taken", "why", why, "took", time.Since(start).Round(time.Millisecond),
 				"index", n.LastSnapshotIndex())
@@ -60,15 +69,47 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 	}
 }
 
+// trailingBytesFloor is the least raft log, in bytes, a snapshot leaves
+// behind it (see boundTrailingLogs).
+const trailingBytesFloor = 64 << 20
+
+// boundTrailingLogs sets the entries raft keeps behind the snapshot it is
+// about to take: --trailing-logs, but no more than about a quarter of the
+// state's size in bytes (at least trailingBytesFloor), judged by the mean
+// size of the entries applied since the last snapshot. The kept entries let
+// a follower that fell a little behind catch up from the log rather than a
+// whole snapshot; counted in entries alone, 10240 batch-publish entries of
+// 1 MiB would keep 10 GiB of log on disk.
+func (n *Node) boundTrailingLogs() {
+	applied, last := n.FSM.AppliedIndex(), n.LastSnapshotIndex()
+	since := n.FSM.BytesSinceSnapshot()
+	keep := n.cfg.TrailingLogs
+	if applied > last && since > 0 {
+		mean := max(since/(applied-last), 1)
+		keep = min(keep, max(uint64(max(n.FSM.Size()/4, trailingBytesFloor))/mean, 1024))
+	}
+	rc := n.Raft.ReloadableConfig()
+	if rc.TrailingLogs == keep {
+		return
+	}
+	rc.TrailingLogs = keep
+	if err := n.Raft.ReloadConfig(rc); err != nil {
+		n.logger.Warn("setting raft's trailing logs", "entries", keep, "err", err)
+	}
+}
+
 // snapshotDue applies the policy above.
 func (n *Node) snapshotDue() (bool, string) {
 	applied, last := n.FSM.AppliedIndex(), n.LastSnapshotIndex()
-	if applied < last || applied-last < n.cfg.SnapshotThreshold {
+	if applied <= last {
 		return false, ""
 	}
 	size, since := n.FSM.Size(), n.FSM.BytesSinceSnapshot()
-	if size < snapshotRatioFloor {
+	if since >= uint64(max(size, snapshotRatioFloor))/snapshotRatio {
+		return true, "log bytes"
+	}
+	if size < snapshotRatioFloor && applied-last >= n.cfg.SnapshotThreshold {
 		return true, "entries"
 	}
-	return since >= uint64(size)/snapshotRatio, "log bytes"
+	return false, ""
 }

@@ -128,9 +128,9 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 	}
 }
 
-// Once the state is large, entries alone no longer trigger a snapshot (it
-// copies the whole state): the log since the last one must also hold at
-// least half the state's size. Small publishes past the entry threshold
+// Once the state is large (over 4 MiB), entries alone no longer trigger a
+// snapshot (it copies the whole state): the log since the last one must
+// also hold at least half the state's size. Small publishes past the entry threshold
 // leave the snapshot where it is; as many bytes as half the state move it.
 func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 	t.Parallel()
@@ -178,7 +178,7 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		return last
 	}
 
-	publishMiB(80) // the state passes 64 MiB (snapshots by entries until then)
+	publishMiB(80) // the state passes 4 MiB early (snapshots by entries until then)
 	s1 := settled()
 	if s1 == 0 {
 		t.Fatalf("no snapshot while publishing 80 MiB with --snapshot-threshold 50")
@@ -199,6 +199,52 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no snapshot after 48 MiB more of log (80 MiB state): %+v %v", ci, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Log bytes alone trigger a snapshot: batch publishes are few, large raft
+// entries, and counting entries (here --snapshot-threshold 1000000) would
+// never snapshot, so the log, and what a restart reads back, would grow
+// without bound.
+func TestSnapshotOnLogBytesBelowEntryThreshold(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	n := c.Nodes()[0]
+	ctx := ctxFor(t, 120*time.Second)
+	const topic = "snap-large-entries"
+	mustTopic(t, n, topic, nil)
+	value := strings.Repeat("v", 8<<10)
+	var batch strings.Builder
+	batch.WriteString(`{"messages":[`)
+	for i := range 100 {
+		if i > 0 {
+			batch.WriteByte(',')
+		}
+		batch.WriteString(`{"value":"` + value + `"}`)
+	}
+	batch.WriteString(`]}`)
+	// 24 MiB in 30 entries of 800 KiB: the state passes 4 MiB after a few,
+	// and the log then holds more than half of it.
+	for range 30 {
+		r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", batch.String(), nil)
+		if err == nil {
+			err = r.Expect(http.StatusOK)
+		}
+		if err != nil {
+			t.Fatalf("batch publish: %v", err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ci, err := n.Cluster(ctx)
+		if err == nil && ci.LastSnapshotIndex > 0 {
+			t.Logf("snapshot at index %d of %d", ci.LastSnapshotIndex, ci.AppliedIndex)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000): %+v %v", ci.AppliedIndex, ci, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
