@@ -139,7 +139,9 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-bytes"
 	mustTopic(t, n, topic, nil)
-	value := strings.Repeat("v", 8<<10)
+	// 7000 bytes: one message to an 8 KiB page (a value just over 8 KiB
+	// would take two, and make the state twice the payload).
+	value := strings.Repeat("v", 7000)
 	var batch strings.Builder
 	batch.WriteString(`{"messages":[`)
 	for i := range 100 {
@@ -178,29 +180,38 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		return last
 	}
 
-	publishMiB(80) // the state passes 4 MiB early (snapshots by entries until then)
+	publishMiB(40) // the state passes 4 MiB early (snapshots by entries until then)
 	s1 := settled()
 	if s1 == 0 {
-		t.Fatalf("no snapshot while publishing 80 MiB with --snapshot-threshold 50")
+		t.Fatalf("no snapshot while publishing 40 MiB with --snapshot-threshold 50")
 	}
 	for i := range 200 { // 200 entries, a few KiB of log
 		mustPublish(t, n, topic, fmt.Sprintf("small %d", i), nil)
 	}
 	time.Sleep(1500 * time.Millisecond) // 7 checks
 	if s2 := settled(); s2 != s1 {
-		t.Fatalf("snapshot moved from %d to %d after 200 small publishes: with an 80 MiB state it should wait for 40 MiB of log", s1, s2)
+		t.Fatalf("snapshot moved from %d to %d after 200 small publishes: with a 47 MiB state it should wait for 23 MiB of log", s1, s2)
 	}
-	publishMiB(48)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ci, err := n.Cluster(ctx)
-		if err == nil && ci.LastSnapshotIndex > s1 {
-			break
+	// Log bytes move it: how many depends on where s1 fell (the log since
+	// it holds up to half the state already), at most about 60 MiB more
+	// at 1.17 bytes of state per payload byte. Publish in 8 MiB steps.
+	for total := 8; ; total += 8 {
+		publishMiB(8)
+		deadline := time.Now().Add(time.Second) // five checks
+		for {
+			ci, err := n.Cluster(ctx)
+			if err == nil && ci.LastSnapshotIndex > s1 {
+				t.Logf("snapshot moved from %d to %d after %d MiB more of log", s1, ci.LastSnapshotIndex, total)
+				return
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot after 48 MiB more of log (80 MiB state): %+v %v", ci, err)
+		if total >= 120 {
+			t.Fatalf("no snapshot after %d MiB more of log (40 MiB of payload before)", total)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 
