@@ -141,27 +141,10 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 	mustTopic(t, n, topic, nil)
 	// 7000 bytes: one message to an 8 KiB page (a value just over 8 KiB
 	// would take two, and make the state twice the payload).
-	value := strings.Repeat("v", 7000)
-	var batch strings.Builder
-	batch.WriteString(`{"messages":[`)
-	for i := range 100 {
-		if i > 0 {
-			batch.WriteByte(',')
-		}
-		batch.WriteString(`{"value":"` + value + `"}`)
-	}
-	batch.WriteString(`]}`)
+	const value = 7000
 	publishMiB := func(mib int) {
 		t.Helper()
-		for range mib * (1 << 20) / (100 * len(value)) {
-			r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", batch.String(), nil)
-			if err == nil {
-				err = r.Expect(http.StatusOK)
-			}
-			if err != nil {
-				t.Fatalf("batch publish: %v", err)
-			}
-		}
+		publishBatches(ctx, t, n, topic, mib*(1<<20)/(100*value), value)
 	}
 	// settled waits until the snapshot index has not moved for 1 s.
 	settled := func() uint64 {
@@ -226,27 +209,9 @@ func TestSnapshotOnLogBytesBelowEntryThreshold(t *testing.T) {
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-large-entries"
 	mustTopic(t, n, topic, nil)
-	value := strings.Repeat("v", 8<<10)
-	var batch strings.Builder
-	batch.WriteString(`{"messages":[`)
-	for i := range 100 {
-		if i > 0 {
-			batch.WriteByte(',')
-		}
-		batch.WriteString(`{"value":"` + value + `"}`)
-	}
-	batch.WriteString(`]}`)
 	// 24 MiB in 30 entries of 800 KiB: the state passes 4 MiB after a few,
 	// and the log then holds more than half of it.
-	for range 30 {
-		r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", batch.String(), nil)
-		if err == nil {
-			err = r.Expect(http.StatusOK)
-		}
-		if err != nil {
-			t.Fatalf("batch publish: %v", err)
-		}
-	}
+	publishBatches(ctx, t, n, topic, 30, 8<<10)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ci, err := n.Cluster(ctx)
@@ -258,5 +223,30 @@ func TestSnapshotOnLogBytesBelowEntryThreshold(t *testing.T) {
 			t.Fatalf("no snapshot 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000): %+v %v", ci.AppliedIndex, ci, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// publishBatches publishes count batches of 100 messages of size bytes
+// each (one raft entry per batch) to topic through n.
+func publishBatches(ctx context.Context, t *testing.T, n *tc.Node, topic string, count, size int) {
+	t.Helper()
+	value := strings.Repeat("v", size)
+	var batch strings.Builder
+	batch.WriteString(`{"messages":[`)
+	for i := range 100 {
+		if i > 0 {
+			batch.WriteByte(',')
+		}
+		batch.WriteString(`{"value":"` + value + `"}`)
+	}
+	batch.WriteString(`]}`)
+	for range count {
+		r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", batch.String(), nil)
+		if err == nil {
+			err = r.Expect(http.StatusOK)
+		}
+		if err != nil {
+			t.Fatalf("batch publish: %v", err)
+		}
 	}
 }
