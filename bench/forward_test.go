@@ -14,9 +14,7 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -147,36 +145,11 @@ func nodesCPU(b *testing.B, nodes []*tc.Node) []time.Duration {
 	b.Helper()
 	out := make([]time.Duration, len(nodes))
 	for i, n := range nodes {
-		d, err := processCPU(n.PID())
+		d, err := procCPU(n.PID())
 		if err != nil {
 			b.Fatalf("%s: %v", n, err)
 		}
 		out[i] = d
 	}
 	return out
-}
-
-// processCPU is the user + system time of process pid from
-// /proc/PID/stat (fields 14 and 15, in USER_HZ = 100 ticks a second).
-func processCPU(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: count fields from
-	// after its closing parenthesis (field 3 comes first).
-	i := bytes.LastIndexByte(raw, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := bytes.Fields(raw[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	utime, err1 := strconv.ParseInt(string(f[11]), 10, 64)
-	stime, err2 := strconv.ParseInt(string(f[12]), 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime/stime: %w", pid, errors.Join(err1, err2))
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
