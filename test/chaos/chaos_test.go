@@ -19,7 +19,7 @@ var (
 	keepFlag     = flag.String("chaos.keep", "", "directory where a failed run leaves its node logs, data directories, figures and client events")
 	kindsFlag    = flag.String("chaos.kinds", "", "comma-separated fault kinds to use (default: all): "+strings.Join(faultKinds, ","))
 	snapFlag     = flag.Int("chaos.snapshot-threshold", 2048, "--snapshot-threshold of the nodes")
-	trailFlag    = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps the whole log for forensics")
+	trailFlag    = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps more log for forensics: up to a quarter of the state or 64 MiB, whichever is larger")
 	noReplayFlag = flag.Bool("chaos.no-replay", false, "no DLQ replays in the workload")
 	raftLogFlag  = flag.String("chaos.raft-log", "", "--raft-log of the nodes (wal or bolt; default: the nodes' default)")
 	soakFlag     = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
