@@ -39,6 +39,7 @@ type config struct {
 	fetch            int
 	mqdBin           string
 	baseBin          string
+	baseLast         bool
 	keep             bool
 }
 
@@ -121,6 +122,7 @@ func run() int {
 	flag.IntVar(&cfg.fetch, "fetch", 100, "consume workload: max messages per fetch")
 	flag.StringVar(&cfg.mqdBin, "mqd-bin", "", "use this mqd binary instead of building ./cmd/mqd of the repository")
 	flag.StringVar(&cfg.baseBin, "base-bin", "", "a prebuilt mqd binary (e.g. of an older commit) to run as system mqd-base, for before/after ratios")
+	flag.BoolVar(&cfg.baseLast, "base-last", false, "run mqd before mqd-base (the table keeps its order); alternate it between runs so that a drift in the machine's load favours neither")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (data and mqd logs) for inspection")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -176,7 +178,7 @@ func run() int {
 	results := map[string]map[string]*result{} // system -> workload -> result
 	failures := map[string]string{}
 	code := 0
-	for _, sys := range systems {
+	for _, sys := range runOrder(systems, cfg.baseLast) {
 		if ctx.Err() != nil {
 			break
 		}
@@ -241,6 +243,17 @@ func pickSystems(s string, haveBase bool) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// runOrder is the order the systems run in: as listed, or with mqd before
+// mqd-base when baseLast.
+func runOrder(systems []string, baseLast bool) []string {
+	out := slices.Clone(systems)
+	b, m := slices.Index(out, "mqd-base"), slices.Index(out, "mqd")
+	if baseLast && b >= 0 && m >= 0 && b < m {
+		out[b], out[m] = out[m], out[b]
+	}
+	return out
 }
 
 // runSystem starts one system's cluster, runs every workload on it, and

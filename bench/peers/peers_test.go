@@ -181,3 +181,19 @@ func TestJSNodesAreProcesses(t *testing.T) {
 		t.Errorf("stop took %v: SIGTERM did not end the nodes, the SIGKILL after 10 s did", d)
 	}
 }
+
+func TestRunOrder(t *testing.T) {
+	all := []string{"mqd-base", "mqd", "js-default", "js-always"}
+	if got := strings.Join(runOrder(all, false), ","); got != "mqd-base,mqd,js-default,js-always" {
+		t.Errorf("runOrder(all, false) = %s", got)
+	}
+	if got := strings.Join(runOrder(all, true), ","); got != "mqd,mqd-base,js-default,js-always" {
+		t.Errorf("runOrder(all, true) = %s", got)
+	}
+	if got := strings.Join(runOrder([]string{"mqd", "js-default"}, true), ","); got != "mqd,js-default" {
+		t.Errorf("runOrder without mqd-base = %s", got)
+	}
+	if strings.Join(all, ",") != "mqd-base,mqd,js-default,js-always" {
+		t.Errorf("runOrder changed its argument: %v", all)
+	}
+}
