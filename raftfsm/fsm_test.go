@@ -742,18 +742,7 @@ func TestNodeAddressesFollowChanges(t *testing.T) {
 	o := mustFSM(t)
 	n2 := NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
 	o.must(&Command{Op: OpSetNode, Node: n2})
-	snap, err := o.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-	if err := h.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	o.restoreInto(h)
 	if got, ok := h.f.Node("n2"); !ok || got != n2 {
 		t.Fatalf("after a restore, Node(n2) = %+v, %v; want %+v", got, ok, n2)
 	}
@@ -834,6 +823,23 @@ func (s *memSink) Cancel() error { s.canceled = true; return nil }
 func (s *memSink) Close() error  { s.closed = true; return nil }
 
 var _ raft.SnapshotSink = (*memSink)(nil)
+
+// restoreInto snapshots h's state and restores it into dst.
+func (h *harness) restoreInto(dst *harness) {
+	h.t.Helper()
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		h.t.Fatal(err)
+	}
+	snap.Release()
+	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		h.t.Fatal(err)
+	}
+}
 
 // buildState applies a mix of most kinds of command.
 func buildState(h *harness) {
@@ -1003,19 +1009,8 @@ func TestFSMTimeMonotonic(t *testing.T) {
 		return nil
 	})
 	h.must(&Command{Op: OpPutTopic, Now: 7000, Topic: "t"})
-	snap, err := h.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
 	h2 := mustFSM(t)
-	if err := h2.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	h.restoreInto(h2)
 	if now := h2.f.Now(); now != 7000 {
 		t.Fatalf("restored state time %d, want 7000", now)
 	}
