@@ -125,7 +125,16 @@ type Group struct {
 	tx     *bolt.Tx
 	c      counters
 	dirty  bool
+	// spans: leases of new keyless messages are recorded per delivery
+	// range (span.go) rather than one record per message.
+	spans bool
 }
+
+// UseSpans makes the group's leases of new keyless messages write one
+// range record per partition and lease instead of one record per message.
+// The node calls it once every member of the cluster reads range records
+// (the replicated state format; an older binary would read them as acked).
+func (g *Group) UseSpans() { g.spans = true }
 
 // Open returns a group, creating it (cursors at each partition's head) when
 // create is set; otherwise a missing group is ErrGroupNotFound.
