@@ -47,6 +47,8 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) 
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)
 		return &Result{}, tx.Bucket(bktNodes).Put([]byte(c.Node.ID), e.B)
+	case OpSetFormat:
+		return &Result{}, applySetFormat(tx, c, ev)
 	}
 	return &Result{}, nil
 }
@@ -87,6 +89,9 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error
 	g, err := openGroup(tx, c, true, ev)
 	if err != nil {
 		return nil, err
+	}
+	if ev.format >= 2 { // every member reads range records
+		useSpans(g)
 	}
 	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx, ev.leaseMsgs)
 	return &Result{Deliveries: ds}, err

@@ -32,13 +32,14 @@ const (
 	OpReplay
 	OpReplayStep
 	OpDeleteDeadLetter
+	OpSetFormat
 	opEnd // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
 		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi",
-		"nack", "replay", "replay_step", "delete_dead_letter"}
+		"nack", "replay", "replay_step", "delete_dead_letter", "set_format"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -83,6 +84,7 @@ type Command struct {
 	IDs       []uint64 // OpReplay, OpDeleteDeadLetter: dead-letter ids
 	All       bool     // OpReplay
 	Rate      uint64   // OpReplay: letters per second
+	Format    uint32   // OpSetFormat: the state format to switch to (format.go)
 }
 
 // Encode renders the command in the versioned binary encoding.
@@ -238,6 +240,8 @@ func (c *Command) encode(e *mlog.Enc) {
 		e.Str(c.Node.ID)
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)
+	case OpSetFormat:
+		e.U64(uint64(c.Format))
 	}
 }
 
@@ -362,6 +366,8 @@ func DecodeCommand(b []byte) (*Command, error) {
 		c.Max = uint32(d.U64())
 	case OpSetNode:
 		c.Node = NodeInfo{ID: d.Str(), HTTPAddr: d.Str(), RaftAddr: d.Str()}
+	case OpSetFormat:
+		c.Format = uint32(d.U64())
 	default:
 		if d.Err() == nil {
 			return nil, fmt.Errorf("%w: unknown op %d", mlog.ErrCorrupt, c.Op)

@@ -70,6 +70,7 @@ func sampleCommands() []*Command {
 			{Op: OpAck, Now: 12, Topic: "orders", Group: "billing", Receipts: []group.Receipt{{Partition: 1, Offset: 2, Delivery: 3}}},
 			{Op: OpExtend, Now: 13, Topic: "orders", Group: "billing", LeaseMs: 5, Receipts: []group.Receipt{{Offset: 7, Delivery: 9}}},
 		}},
+		{Op: OpSetFormat, Now: 20, Format: 2},
 	}
 }
 
@@ -200,7 +201,7 @@ func TestDecodeCommandGarbage(t *testing.T) {
 
 func TestOpString(t *testing.T) {
 	for op, want := range map[Op]string{OpInvalid: "invalid", OpPublish: "publish", OpSetNode: "set_node",
-		OpDedupExpire: "dedup_expire", opEnd: fmt.Sprintf("op(%d)", byte(opEnd)), 200: "op(200)"} {
+		OpDedupExpire: "dedup_expire", OpSetFormat: "set_format", opEnd: fmt.Sprintf("op(%d)", byte(opEnd)), 200: "op(200)"} {
 		if got := op.String(); got != want {
 			t.Errorf("Op(%d).String() = %q, want %q", byte(op), got, want)
 		}
@@ -213,7 +214,7 @@ func TestOpString(t *testing.T) {
 	// Op values are part of the replicated log: they must never move.
 	fixed := map[Op]byte{OpInvalid: 0, OpPutTopic: 1, OpDeleteTopic: 2, OpPublish: 3, OpLease: 4, OpAck: 5, OpExtend: 6,
 		OpExpire: 7, OpPutGroup: 8, OpDeleteGroup: 9, OpTrim: 10, OpSetNode: 11, OpDedupExpire: 12, OpMulti: 13,
-		OpNack: 14, OpReplay: 15, OpReplayStep: 16, OpDeleteDeadLetter: 17}
+		OpNack: 14, OpReplay: 15, OpReplayStep: 16, OpDeleteDeadLetter: 17, OpSetFormat: 18}
 	for op, v := range fixed {
 		if byte(op) != v {
 			t.Errorf("%s = %d, was %d: ops are only appended", op, byte(op), v)
@@ -237,8 +238,8 @@ func dump(c *Command) string {
 		return "<nil>"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "{Op:%s Now:%d Topic:%q Group:%q Producer:%q Seq:%d Max:%d LeaseMs:%d Receipts:%+v Expired:%+v Node:%+v NodeID:%q Rands:%v Reason:%q Retryable:%v DelayMs:%d IDs:%v All:%v Rate:%d Patch:%s Batch:%d Msgs:[",
-		c.Op, c.Now, c.Topic, c.Group, c.Producer, c.Seq, c.Max, c.LeaseMs, c.Receipts, c.Expired, c.Node, c.NodeID, c.Rands, c.Reason, c.Retryable, c.DelayMs, c.IDs, c.All, c.Rate, patchString(c.Patch), len(c.Batch))
+	fmt.Fprintf(&b, "{Op:%s Now:%d Topic:%q Group:%q Producer:%q Seq:%d Max:%d LeaseMs:%d Receipts:%+v Expired:%+v Node:%+v NodeID:%q Rands:%v Reason:%q Retryable:%v DelayMs:%d IDs:%v All:%v Rate:%d Format:%d Patch:%s Batch:%d Msgs:[",
+		c.Op, c.Now, c.Topic, c.Group, c.Producer, c.Seq, c.Max, c.LeaseMs, c.Receipts, c.Expired, c.Node, c.NodeID, c.Rands, c.Reason, c.Retryable, c.DelayMs, c.IDs, c.All, c.Rate, c.Format, patchString(c.Patch), len(c.Batch))
 	for _, m := range c.Msgs {
 		fmt.Fprintf(&b, "{p%d %+v}", m.Partition, m.Msg)
 	}

@@ -52,6 +52,10 @@ type Events struct {
 	// leaseMsgs: leases put their messages into the result, as someone
 	// on this node waits for a lease (FSM.awaitLease).
 	leaseMsgs bool
+	// format is the state's format (format.go), read from the batch's
+	// transaction and raised by an OpSetFormat in it: every replica
+	// decides alike at every index.
+	format int
 }
 
 func (e *Events) wake(topic string) { e.Topics[topic] = struct{}{} }
@@ -126,6 +130,9 @@ type FSM struct {
 	nodesGen atomic.Uint64
 	nodes    atomic.Pointer[nodesCache]
 	now      int64 // ApplyBatch's running time, loaded from and saved to meta "now"
+	// format is the state's format (meta "state_format") after the last
+	// applied batch, open or restore.
+	format atomic.Int32
 	// logBytes counts the bytes of raft entries applied since start;
 	// snapBytes is its value at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
@@ -240,6 +247,10 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 		return nil, err
 	}
 	f.db = db
+	if err := f.loadFormat(); err != nil {
+		db.Close()
+		return nil, err
+	}
 	index, term := f.storedApplied()
 	f.applied.Store(index)
 	f.opened = index
@@ -253,6 +264,23 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 		logger.Info("state machine starts empty: it is rebuilt from the latest snapshot and the raft log", "why", why)
 	}
 	return f, nil
+}
+
+// loadFormat reads the state's format into f.format; a state in a format
+// newer than this binary reads is an error (a downgrade: it would misread
+// the state's records).
+func (f *FSM) loadFormat() error {
+	var v int
+	_ = f.db.View(func(tx *bolt.Tx) error {
+		v = storedFormat(tx)
+		return nil
+	})
+	f.format.Store(int32(v))
+	if v > StateFormat {
+		return fmt.Errorf("open fsm: %w: %s holds format %d, this binary reads up to %d (run the newer binary)",
+			errFormatTooNew, f.path, v, StateFormat)
+	}
+	return nil
 }
 
 // storedApplied reads the applied index and term recorded in the file.
@@ -361,6 +389,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if v := tx.Bucket(bktMeta).Get(keyNow); len(v) == 8 {
 			f.now = int64(binary.BigEndian.Uint64(v))
 		}
+		ev.format = storedFormat(tx)
 		for i, l := range logs {
 			if l.Type != raft.LogCommand || l.Index <= f.applied.Load() {
 				continue
@@ -387,6 +416,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftfsm: apply batch ending at %d: %v", logs[len(logs)-1].Index, err))
 	}
 	f.applied.Store(logs[len(logs)-1].Index)
+	f.format.Store(int32(ev.format))
 	var bytes uint64
 	for _, l := range logs {
 		bytes += uint64(len(l.Data))
@@ -585,6 +615,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.snapBytes.Store(f.logBytes.Load())
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)
+	if err := f.loadFormat(); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	if f.notify.Load() != nil {
 		all := map[string]struct{}{}
 		_ = db.View(func(tx *bolt.Tx) error {

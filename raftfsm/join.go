@@ -22,6 +22,11 @@ type Status struct {
 	LastContactMs int64  `json:"last_contact_ms"` // with the leader; 0 on the leader, -1 never
 	NowMs         int64  `json:"now_ms"`          // this node's wall clock (unix ms), for offset measurement
 	Stopping      bool   `json:"stopping"`        // handing leadership off to stop: not a transfer target
+	// StateFormatMax is the highest state format this node's binary reads
+	// (StateFormat); StateFormat the replicated state's, as this node
+	// applied it. A binary older than formats sends neither: 0.
+	StateFormatMax int `json:"state_format_max"`
+	StateFormat    int `json:"state_format"`
 }
 
 // Status reports this node's membership state.
@@ -30,7 +35,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContact().Milliseconds(),
-		NowMs: Now().UnixMilli(), Stopping: n.HandingOff()}
+		NowMs: Now().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat()}
 }
 
 // Form brings the node into a cluster and returns when its address is

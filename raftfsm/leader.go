@@ -27,7 +27,8 @@ const (
 	dedupBatch  = 2048
 	dedupRounds = 16
 	// clockCheckEvery: how often a leader checks its clock against the
-	// cluster's (the probes measure every 500 ms).
+	// cluster's (the probes measure every 500 ms), and whether it can
+	// raise the state format (format.go).
 	clockCheckEvery = time.Second
 )
 
@@ -100,6 +101,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	if err := n.Join(ctx, n.Info()); err != nil {
 		n.logger.Warn("record own address", "err", err)
 	}
+	n.raiseFormat(ctx) // a single node raises it at once; others once the probes answer
 	schedDone := make(chan struct{})
 	go func() {
 		defer close(schedDone)
@@ -135,6 +137,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 				}
 				n.serving.Store(true)
 			}
+			n.raiseFormat(ctx)
 		case <-sweep.C:
 			n.sweepLeases(ctx)
 		case <-n.sched.kick:

@@ -113,13 +113,15 @@ var (
 	descLastIndex   = prometheus.NewDesc("mqd_raft_last_log_index", "Last index in this node's raft log.", nil, nil)
 	descTerm        = prometheus.NewDesc("mqd_raft_term", "This node's current raft term.", nil, nil)
 	descWheel       = prometheus.NewDesc("mqd_timing_wheel_timers", "Due times in the leader's timing wheel (0 on followers).", nil, nil)
+	descFormat      = prometheus.NewDesc("mqd_state_format",
+		"Format of the replicated state as this node applied it; the leader raises it once every member's binary reads the next one.", nil, nil)
 )
 
 // nodeCollector reads raft's indexes and state at scrape time.
 type nodeCollector struct{ n *Node }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRaftState, descCommitIndex, descApplied, descLastIndex, descTerm, descWheel} {
+	for _, d := range []*prometheus.Desc{descRaftState, descCommitIndex, descApplied, descLastIndex, descTerm, descWheel, descFormat} {
 		ch <- d
 	}
 }
@@ -142,6 +144,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		wheel = float64(c.n.sched.wheel.Len())
 	}
 	ch <- prometheus.MustNewConstMetric(descWheel, prometheus.GaugeValue, wheel)
+	ch <- prometheus.MustNewConstMetric(descFormat, prometheus.GaugeValue, float64(c.n.FSM.StateFormat()))
 }
 
 // Collectors returns the node's Prometheus collectors.

@@ -37,6 +37,12 @@ type peerView struct {
 	rttMs    int64
 }
 
+// answered reports whether the member's latest probe succeeded, within
+// probeStale of now.
+func (v *peerView) answered(now time.Time) bool {
+	return !v.failed && !v.lastOK.IsZero() && now.Sub(v.lastOK) < probeStale
+}
+
 type peers struct {
 	mu    sync.Mutex
 	views map[string]*peerView
@@ -173,9 +179,9 @@ func (n *Node) Peer(id string) PeerState {
 		}
 		return ps
 	}
-	age := time.Since(v.lastOK)
-	ps := PeerState{State: v.status.State, LastContactMs: age.Milliseconds(), AppliedIndex: v.status.AppliedIndex,
-		CommitIndex: v.status.CommitIndex, ClockOffsetMs: v.offsetMs, Reachable: !v.failed && age < probeStale, Probed: true}
+	now := time.Now()
+	ps := PeerState{State: v.status.State, LastContactMs: now.Sub(v.lastOK).Milliseconds(), AppliedIndex: v.status.AppliedIndex,
+		CommitIndex: v.status.CommitIndex, ClockOffsetMs: v.offsetMs, Reachable: v.answered(now), Probed: true}
 	if !ps.Reachable {
 		ps.State = "unreachable"
 	}

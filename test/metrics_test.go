@@ -112,6 +112,7 @@ func TestMetricsFamilies(t *testing.T) {
 		"mqd_nacked_messages_total":        dto.MetricType_COUNTER,
 		"mqd_dead_lettered_messages_total": dto.MetricType_COUNTER,
 		"mqd_timing_wheel_timers":          dto.MetricType_GAUGE,
+		"mqd_state_format":                 dto.MetricType_GAUGE,
 		"go_goroutines":                    dto.MetricType_GAUGE,
 		"process_resident_memory_bytes":    dto.MetricType_GAUGE,
 	}

@@ -1,0 +1,134 @@
+package raftfsm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/group"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The replicated state format says which records the state may hold. It
+// is part of the state (meta "state_format", written by OpSetFormat in the
+// same transaction as everything else, so snapshots carry it), and it only
+// rises: the leader raises it once every member of the cluster runs a
+// binary that reads the new format (raiseFormat), because a binary that
+// does not would misread the records, silently (a range lease record looks
+// like acked messages to a binary without range records).
+//
+//   - 1: every state written before the format existed (no meta key).
+//   - 2: leases of keyless messages may be kept as range records
+//     (group.UseSpans).
+const (
+	// StateFormat is the highest format this binary reads and writes.
+	StateFormat = 2
+	// formatUnset is the format of a state without the meta key.
+	formatUnset = 1
+)
+
+var keyFormat = []byte("state_format")
+
+// storedFormat reads the state's format in tx.
+func storedFormat(tx *bolt.Tx) int {
+	if v := tx.Bucket(bktMeta).Get(keyFormat); len(v) == 8 {
+		return int(binary.BigEndian.Uint64(v))
+	}
+	return formatUnset
+}
+
+// errFormatTooNew: a committed OpSetFormat names a format this binary
+// cannot read. It is not a refusal: the rest of the cluster switched, and
+// a replica that went on in the old format would diverge from it, so the
+// node stops (as it does on an entry it cannot decode).
+var errFormatTooNew = errors.New("state format newer than this binary reads")
+
+// applySetFormat raises the state's format to c.Format; a lower or equal
+// one changes nothing (a retried raise is harmless). ev.format follows, so
+// that the commands after it in the same batch see the new format.
+func applySetFormat(tx *bolt.Tx, c *Command, ev *Events) error {
+	want := int(c.Format)
+	if want > StateFormat {
+		return fmt.Errorf("%w: format %d, this binary reads up to %d", errFormatTooNew, want, StateFormat)
+	}
+	if want <= ev.format {
+		return nil
+	}
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(want))
+	if err := tx.Bucket(bktMeta).Put(keyFormat, v[:]); err != nil {
+		return err
+	}
+	ev.format = want
+	return nil
+}
+
+// useSpans switches a group to range lease records; a variable so that
+// tests see which leases were applied with it.
+var useSpans = (*group.Group).UseSpans
+
+// StateFormat is the replicated state's format as of the last applied
+// batch (or open, or restore).
+func (f *FSM) StateFormat() int { return int(f.format.Load()) }
+
+// formatProbe is what the leader needs of a member's latest probe.
+type formatProbe struct {
+	max   int  // the highest state format the member's binary reads; 0 from a binary older than formats
+	fresh bool // a successful answer within probeStale
+}
+
+// formatRaise says whether the leader may raise the state from format cur
+// to want: only when every member of the configuration other than self
+// (voters and non-voters alike: any of them may be sent a snapshot, or
+// become leader) answered its latest probe recently and reads want.
+func formatRaise(cur, want int, self string, members []raft.Server, probes map[string]formatProbe) bool {
+	if cur >= want {
+		return false
+	}
+	for _, s := range members {
+		id := string(s.ID)
+		if id == self {
+			continue
+		}
+		p, ok := probes[id]
+		if !ok || !p.fresh || p.max < want {
+			return false
+		}
+	}
+	return true
+}
+
+// formatProbes collects the members' latest probe answers.
+func (n *Node) formatProbes(now time.Time) map[string]formatProbe {
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	out := make(map[string]formatProbe, len(n.peers.views))
+	for id, v := range n.peers.views {
+		out[id] = formatProbe{max: v.status.StateFormatMax, fresh: v.answered(now)}
+	}
+	return out
+}
+
+// raiseFormat proposes OpSetFormat{StateFormat} on the leader once the
+// state is older and every member reads it; a failed proposal is tried
+// again at the next call.
+func (n *Node) raiseFormat(ctx context.Context) {
+	cur := n.FSM.StateFormat()
+	if cur >= StateFormat {
+		return
+	}
+	servers, err := n.Servers()
+	if err != nil || !formatRaise(cur, StateFormat, n.cfg.ID, servers, n.formatProbes(time.Now())) {
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := n.Apply(actx, &Command{Op: OpSetFormat, Now: Now().UnixMilli(), Format: StateFormat}); err != nil {
+		n.logger.Warn("propose state format", "format", StateFormat, "err", err)
+		return
+	}
+	n.logger.Info("state format raised", "from", cur, "to", StateFormat, "members", len(servers))
+}

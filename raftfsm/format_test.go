@@ -1,0 +1,200 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/group"
+	bolt "go.etcd.io/bbolt"
+)
+
+func storedFormatOf(t *testing.T, f *FSM) (v int) {
+	t.Helper()
+	_ = f.View(func(tx *bolt.Tx) error {
+		v = storedFormat(tx)
+		return nil
+	})
+	return v
+}
+
+// OpSetFormat raises the state's format in the state itself: it survives
+// a reopen and travels in snapshots, is never lowered, and a restore
+// brings the restored state's format (an older one included).
+func TestSetFormatPersists(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fsm.db")
+	f, err := OpenFSM(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, f: f, notified: map[string]int{}}
+	old := mustFSM(t) // a state from before formats
+	old.must(&Command{Op: OpPutTopic, Topic: "t"})
+	if got := h.f.StateFormat(); got != 1 {
+		t.Fatalf("a new state is in format %d, want 1", got)
+	}
+	h.must(&Command{Op: OpSetFormat, Format: 2})
+	if got, stored := h.f.StateFormat(), storedFormatOf(t, h.f); got != 2 || stored != 2 {
+		t.Fatalf("after OpSetFormat 2: StateFormat %d, stored %d", got, stored)
+	}
+	h.must(&Command{Op: OpSetFormat, Format: 1})
+	if got, stored := h.f.StateFormat(), storedFormatOf(t, h.f); got != 2 || stored != 2 {
+		t.Fatalf("OpSetFormat 1 lowered the format: StateFormat %d, stored %d", got, stored)
+	}
+
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = OpenFSM(path, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	h.f = f
+	if got := h.f.StateFormat(); got != 2 {
+		t.Fatalf("reopened: StateFormat %d, want 2", got)
+	}
+
+	fresh := mustFSM(t)
+	h.restoreInto(fresh)
+	if got := fresh.f.StateFormat(); got != 2 {
+		t.Fatalf("restored from a format-2 snapshot: StateFormat %d, want 2", got)
+	}
+	old.restoreInto(fresh)
+	if got := fresh.f.StateFormat(); got != 1 {
+		t.Fatalf("restored from a format-1 snapshot: StateFormat %d, want 1", got)
+	}
+}
+
+// A committed format above what this binary reads stops the node (the
+// batch leaves nothing behind); a file in such a format does not open.
+func TestNewerFormatStops(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	before := dumpDB(t, h.f)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("OpSetFormat above StateFormat was applied")
+			}
+		}()
+		h.batch(&Command{Op: OpSetFormat, Format: 1}, &Command{Op: OpSetFormat, Format: StateFormat + 1})
+	}()
+	if after := dumpDB(t, h.f); diffDumps(before, after) != "" {
+		t.Fatalf("the refused batch wrote:\n%s", diffDumps(before, after))
+	}
+	if got := h.f.StateFormat(); got != 1 {
+		t.Fatalf("StateFormat %d after the refused batch", got)
+	}
+
+	path := filepath.Join(t.TempDir(), "fsm.db")
+	f, err := OpenFSM(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.db.Update(func(tx *bolt.Tx) error {
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], StateFormat+1)
+		return tx.Bucket(bktMeta).Put(keyFormat, v[:])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = OpenFSM(path, slog.New(slog.DiscardHandler)); !errors.Is(err, errFormatTooNew) {
+		if err == nil {
+			f.Close()
+		}
+		t.Fatalf("opening a state in format %d: err %v, want errFormatTooNew", StateFormat+1, err)
+	}
+}
+
+// Leases use range records from the first command after the raise, in
+// the same batch too, and after a reopen; not before, nor after a restore
+// of an older state.
+func TestLeaseSpansFollowFormat(t *testing.T) {
+	var spans int
+	orig := useSpans
+	useSpans = func(g *group.Group) { spans++; orig(g) }
+	t.Cleanup(func() { useSpans = orig })
+	old := mustFSM(t)
+	old.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h := mustFSM(t)
+	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(publish(1, "t", msg("a"), msg("b"), msg("c"), msg("d")))
+	lease := &Command{Op: OpLease, Now: 2, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000}
+	h.must(lease)
+	if spans != 0 {
+		t.Fatalf("a lease in format 1 used range records")
+	}
+	h.batch(lease, &Command{Op: OpSetFormat, Format: 2}, lease)
+	if spans != 1 {
+		t.Fatalf("lease, raise, lease in one batch: %d leases used range records, want 1 (the second)", spans)
+	}
+	h.must(lease)
+	if spans != 2 {
+		t.Fatalf("a lease after the raise did not use range records")
+	}
+	old.restoreInto(h)
+	h.must(publish(3, "t", msg("e")))
+	h.must(lease)
+	if spans != 2 {
+		t.Fatalf("a lease after restoring a format-1 state used range records")
+	}
+}
+
+// The leader raises the format only when every other member answered its
+// probe lately and reads the new format.
+func TestFormatRaise(t *testing.T) {
+	members := []raft.Server{
+		{ID: "n1", Suffrage: raft.Voter}, {ID: "n2", Suffrage: raft.Voter}, {ID: "n3", Suffrage: raft.Nonvoter},
+	}
+	good := formatProbe{max: 2, fresh: true}
+	for _, c := range []struct {
+		name    string
+		cur     int
+		members []raft.Server
+		probes  map[string]formatProbe
+		want    bool
+	}{
+		{"all good", 1, members, map[string]formatProbe{"n2": good, "n3": good}, true},
+		{"single node", 1, members[:1], nil, true},
+		{"already raised", 2, members, map[string]formatProbe{"n2": good, "n3": good}, false},
+		{"member never probed", 1, members, map[string]formatProbe{"n2": good}, false},
+		{"stale probe", 1, members, map[string]formatProbe{"n2": good, "n3": {max: 2}}, false},
+		{"old binary answers 0", 1, members, map[string]formatProbe{"n2": {max: 0, fresh: true}, "n3": good}, false},
+		{"non-voter on an old binary", 1, members, map[string]formatProbe{"n2": good, "n3": {max: 1, fresh: true}}, false},
+		{"probes of non-members do not count", 1, members, map[string]formatProbe{"n2": good, "n4": good}, false},
+	} {
+		if got := formatRaise(c.cur, 2, "n1", c.members, c.probes); got != c.want {
+			t.Errorf("%s: formatRaise = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A probe answer counts while it is fresh and the latest probe succeeded;
+// a member's binary from before formats reports 0.
+func TestFormatProbes(t *testing.T) {
+	now := time.Now()
+	n := &Node{}
+	n.peers.views = map[string]*peerView{
+		"fresh":  {status: Status{StateFormatMax: 2}, lastOK: now.Add(-probeEvery)},
+		"stale":  {status: Status{StateFormatMax: 2}, lastOK: now.Add(-probeStale - time.Millisecond)},
+		"failed": {status: Status{StateFormatMax: 2}, lastOK: now, failed: true},
+		"old":    {status: Status{}, lastOK: now},
+		"never":  {failed: true},
+	}
+	want := map[string]formatProbe{"fresh": {2, true}, "stale": {2, false}, "failed": {2, false},
+		"old": {0, true}, "never": {0, false}}
+	got := n.formatProbes(now)
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: %+v, want %+v", id, got[id], w)
+		}
+	}
+}
