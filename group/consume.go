@@ -56,6 +56,7 @@ type leaser struct {
 	msgs       bool // read each candidate whole and hand the leased ones out
 	scanned    int
 	out        []Delivery
+	spans      map[uint32]*span // with g.spans: this lease's span per partition
 }
 
 func (lz *leaser) full() bool { return len(lz.out) >= lz.max || lz.scanned >= maxScan }
@@ -178,7 +179,9 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	case key != "" && g.leasedByOther(key, p, off):
 		return set(record{State: stateHeld, RetryCount: retry, Key: key, Reason: carry.Reason, History: carry.History})
 	}
-	if err := set(record{State: stateLeased, RetryCount: retry, Delivery: lz.idx, Until: lz.until, Key: key,
+	if g.spans && old == nil && key == "" {
+		lz.leaseInSpan(p, off)
+	} else if err := set(record{State: stateLeased, RetryCount: retry, Delivery: lz.idx, Until: lz.until, Key: key,
 		Reason: carry.Reason, History: carry.History}); err != nil {
 		return err
 	}
@@ -284,7 +287,7 @@ type Expired struct {
 }
 
 // DueLeases lists up to limit leases, over all groups, whose expiry is at
-// or before now, oldest first.
+// or before now, oldest first (a span's leases in offset order).
 func DueLeases(tx *bolt.Tx, now int64, limit int) ([]Expired, error) {
 	var out []Expired
 	c := tx.Bucket(bktExpiry).Cursor()
@@ -297,26 +300,31 @@ func DueLeases(tx *bolt.Tx, now int64, limit int) ([]Expired, error) {
 		if i < 0 {
 			return nil, errCorruptIndex(0, 0)
 		}
-		e := Expired{Topic: string(names[:i]), Group: string(names[i+1:])}
-		e.Partition, e.Offset = binary.BigEndian.Uint32(k[8:]), binary.BigEndian.Uint64(k[12:])
-		out = append(out, e)
-	}
-	// Fill in the delivery ids from the records.
-	for i := range out {
-		e := &out[i]
-		l, err := mlog.Open(tx, e.Topic)
+		topic, name := string(names[:i]), names[i+1:]
+		isSpan := len(name) > 0 && name[len(name)-1] == 0
+		if isSpan {
+			name = name[:len(name)-1]
+		}
+		l, err := mlog.Open(tx, topic)
 		if err != nil {
 			return nil, err
 		}
-		g, err := Open(tx, l, e.Group, false, 0)
+		g, err := Open(tx, l, string(name), false, 0)
 		if err != nil {
 			return nil, err
 		}
-		rec, _, err := g.getRecord(e.Partition, e.Offset)
+		p, off := binary.BigEndian.Uint32(k[8:]), binary.BigEndian.Uint64(k[12:])
+		if isSpan {
+			if out, err = g.dueSpan(p, off, out, limit); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		rec, _, err := g.getRecord(p, off)
 		if err != nil {
 			return nil, err
 		}
-		e.Delivery = rec.Delivery
+		out = append(out, Expired{Topic: topic, Group: g.Name, Receipt: Receipt{Partition: p, Offset: off, Delivery: rec.Delivery}})
 	}
 	return out, nil
 }

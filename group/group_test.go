@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"flag"
+	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -16,6 +19,20 @@ import (
 )
 
 func ptr[T any](v T) *T { return &v }
+
+// testSpans runs the package's tests a second time with range lease
+// records on (UseSpans): every rule must hold in both layouts.
+var testSpans bool
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 && flag.Lookup("test.bench").Value.String() == "" {
+		fmt.Println("--- again, with range lease records (UseSpans)")
+		testSpans = true
+		code = m.Run()
+	}
+	os.Exit(code)
+}
 
 // mustDB opens a database with the root buckets of log, dedup and group
 // (as the state machine creates them).
@@ -82,6 +99,9 @@ func withGroup(t testing.TB, db *bolt.DB, topic, name string, fn func(g *Group) 
 		if err != nil {
 			return err
 		}
+		if testSpans {
+			g.UseSpans()
+		}
 		if err := fn(g); err != nil {
 			return err
 		}
@@ -139,6 +159,7 @@ func checkConsistent(t testing.TB, db *bolt.DB, topic, name string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		leased += checkSpans(t, tx, g)
 		if g.c.InFlight != leased || g.c.Ready != ready || g.c.Held != held {
 			t.Errorf("counters in_flight=%d ready=%d held=%d, records leased=%d ready=%d held=%d",
 				g.c.InFlight, g.c.Ready, g.c.Held, leased, ready, held)
@@ -151,6 +172,51 @@ func checkConsistent(t testing.TB, db *bolt.DB, topic, name string) {
 		}
 		return nil
 	})
+}
+
+// checkSpans verifies the group's spans: each has an expiry entry and a
+// bit set, its bits lie below the cursor, and no message is both in a span
+// and in a record. It answers the number of messages leased under spans.
+func checkSpans(t testing.TB, tx *bolt.Tx, g *Group) uint64 {
+	t.Helper()
+	var leased uint64
+	seen := map[[2]uint64]bool{}
+	err := g.forEachSpan(func(s *span) error {
+		if s.live == 0 || len(s.offsets()) != s.live {
+			t.Errorf("span %d/%d: live=%d, offsets %v", s.p, s.first, s.live, s.offsets())
+		}
+		if tx.Bucket(bktExpiry).Get(spanExpiryKey(s, g.log.Topic, g.Name)) == nil {
+			t.Errorf("span %d/%d has no expiry index entry", s.p, s.first)
+		}
+		next, _ := g.cursor(s.p)
+		for _, off := range s.offsets() {
+			leased++
+			if off >= next {
+				t.Errorf("span %d/%d leases %d at or past the cursor %d", s.p, s.first, off, next)
+			}
+			if g.b.Bucket(bktState).Get(stateKey(s.p, off)) != nil {
+				t.Errorf("%d/%d is both in span %d and in a record", s.p, off, s.first)
+			}
+			if k := [2]uint64{uint64(s.p), off}; seen[k] {
+				t.Errorf("%d/%d is in two spans", s.p, off)
+			} else {
+				seen[k] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every span entry in the expiry index belongs to a span.
+	c := tx.Bucket(bktExpiry).Cursor()
+	suffix := append([]byte(g.log.Topic+"\x00"+g.Name), 0)
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if bytes.Equal(k[20:], suffix) && g.b.Bucket(bktSpans).Get(k[8:20]) == nil {
+			t.Errorf("span expiry entry %x has no span", k)
+		}
+	}
+	return leased
 }
 
 // nack fails receipts as retryable, due again after delayMs.

@@ -32,6 +32,7 @@ type record struct {
 	Key        string // the message's idempotency key
 	Reason     string // the latest failure's reason
 	History    []dlq.Failure
+	span       bool // leased under a span (span.go), not a record of its own; not encoded
 }
 
 func (r record) encode() []byte {
@@ -127,7 +128,8 @@ type Group struct {
 	dirty  bool
 	// spans: leases of new keyless messages are recorded per delivery
 	// range (span.go) rather than one record per message.
-	spans bool
+	spans     bool
+	spanCache []*span // spans loaded or created in this transaction
 }
 
 // UseSpans makes the group's leases of new keyless messages write one
@@ -188,6 +190,9 @@ func Delete(tx *bolt.Tx, l *mlog.Log, name string) error {
 	}); err != nil {
 		return err
 	}
+	if err := g.dropSpanExpiries(); err != nil {
+		return err
+	}
 	return l.Bucket().Bucket(mlog.BucketGroups).DeleteBucket([]byte(name))
 }
 
@@ -207,8 +212,18 @@ func DropTopicLeases(tx *bolt.Tx, l *mlog.Log) error {
 		}); err != nil {
 			return err
 		}
+		if err := g.dropSpanExpiries(); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// dropSpanExpiries removes the expiry-index entries of the group's spans.
+func (g *Group) dropSpanExpiries() error {
+	return g.forEachSpan(func(s *span) error {
+		return g.tx.Bucket(bktExpiry).Delete(spanExpiryKey(s, g.log.Topic, g.Name))
+	})
 }
 
 // Timer is a due time a state change created: a lease's expiry, or when a
@@ -245,8 +260,11 @@ func (g *Group) count(fn func(t *Tally)) {
 	}
 }
 
-// Save writes the counters back if they changed.
+// Save writes the changed spans, and the counters back if they changed.
 func (g *Group) Save() error {
+	if err := g.flushSpans(); err != nil {
+		return err
+	}
 	if !g.dirty {
 		return nil
 	}
@@ -274,10 +292,16 @@ func (g *Group) setCursor(p uint32, next uint64) error {
 	return g.b.Bucket(bktCursor).Put(mlog.PartKey(p), mlog.U64Key(next))
 }
 
+// getRecord returns the state of (p, off): its record, or a leased record
+// made from the span it is leased under.
 func (g *Group) getRecord(p uint32, off uint64) (record, bool, error) {
 	v := g.b.Bucket(bktState).Get(stateKey(p, off))
 	if v == nil {
-		return record{}, false, nil
+		s, err := g.spanOf(p, off)
+		if s == nil || err != nil {
+			return record{}, false, err
+		}
+		return s.record(), true, nil
 	}
 	r, err := decodeRecord(v)
 	return r, true, err
@@ -320,6 +344,9 @@ func (g *Group) dropIndex(p uint32, off uint64, r record) error {
 	g.dirty = true
 	switch r.State {
 	case stateLeased:
+		if r.span {
+			return g.dropFromSpan(p, off)
+		}
 		g.c.InFlight--
 		if r.Key != "" && bytes.Equal(g.b.Bucket(bktLeasedBy).Get([]byte(r.Key)), stateKey(p, off)) {
 			if err := g.b.Bucket(bktLeasedBy).Delete([]byte(r.Key)); err != nil {
@@ -348,6 +375,9 @@ func (g *Group) replace(p uint32, off uint64, old, r record) error {
 func (g *Group) remove(p uint32, off uint64, old record) error {
 	if err := g.dropIndex(p, off, old); err != nil {
 		return err
+	}
+	if old.span {
+		return nil
 	}
 	return g.b.Bucket(bktState).Delete(stateKey(p, off))
 }
@@ -384,14 +414,20 @@ func (g *Group) Floor(p uint32) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	floor := next
 	c := g.b.Bucket(bktState).Cursor()
 	prefix := mlog.PartKey(p)
 	if k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) {
-		if off := binary.BigEndian.Uint64(k[4:]); off < next {
-			return off, nil
-		}
+		floor = min(floor, binary.BigEndian.Uint64(k[4:]))
 	}
-	return next, nil
+	off, ok, err := g.spanFloor(p)
+	if err != nil {
+		return 0, err
+	}
+	if ok {
+		floor = min(floor, off)
+	}
+	return floor, nil
 }
 
 // OnTrim drops state for messages trimmed from the head of a partition.
@@ -418,6 +454,9 @@ func (g *Group) OnTrim(t mlog.Trimmed) error {
 		if err := g.remove(t.Partition, x.off, x.r); err != nil {
 			return err
 		}
+	}
+	if err := g.trimSpans(t); err != nil {
+		return err
 	}
 	// A trimmed message that held its key no longer does: the messages
 	// held behind it may be delivered again.
