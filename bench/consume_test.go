@@ -151,6 +151,11 @@ func BenchmarkConsumeAck(b *testing.B) {
 		var end time.Time
 		done := make(chan struct{})
 		var cpuEnd cpuSample
+		fs, err := s.c.Followers(context.Background())
+		if err != nil || len(fs) != 2 {
+			b.Fatalf("followers: %v %v", fs, err)
+		}
+		prof := profileNodes(b, map[string]*tc.Node{"leader": s.leader, "follower1": fs[0], "follower2": fs[1]})
 		b.StartTimer()
 		cpuStart := s.cpu()
 		start := time.Now()
@@ -171,6 +176,7 @@ func BenchmarkConsumeAck(b *testing.B) {
 		b.StopTimer()
 		cancel()
 		lat, err := wait()
+		prof()
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -74,7 +74,7 @@ func BenchmarkPublishCPU(b *testing.B) {
 }
 
 var flagProfile = flag.String("bench.cpuprofile", "",
-	"PublishCPU: write CPU and allocation profiles of each node (the first 5 s of the timed part) to this directory")
+	"PublishCPU, ConsumeAck: write CPU and allocation profiles of each node (the first 5 s of the timed part) to this directory")
 
 // profileNodes starts a 5 s CPU and allocation profile of each node (GET
 // /debug/pprof/profile and /debug/pprof/allocs?seconds=5) when
