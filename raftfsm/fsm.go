@@ -344,6 +344,14 @@ func openDB(path string) (*bolt.DB, error) {
 func (f *FSM) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// The last commit writes the free list whatever its size, so that
+	// the next open reads it instead of walking every page of the file
+	// (commits skip a large one: syncFreelistIfSmall).
+	f.db.NoFreelistSync = false
+	if err := f.db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		f.db.Close()
+		return fmt.Errorf("close fsm: write free list: %w", err)
+	}
 	if err := f.db.Sync(); err != nil {
 		f.db.Close()
 		return fmt.Errorf("close fsm: sync: %w", err)

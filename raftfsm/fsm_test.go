@@ -1154,7 +1154,8 @@ func fsmFreelistSynced(t *testing.T, path string) bool {
 
 // While the free list is small, each commit writes it, so that opening
 // fsm.db reads it instead of walking every page of the file; once it is
-// large (a big backlog trimmed), commits skip it.
+// large (a big backlog trimmed), commits skip it, and a clean close writes
+// it once.
 func TestFSMFreelistWrittenWhileSmall(t *testing.T) {
 	h := mustFSM(t)
 	path := h.f.path
@@ -1179,5 +1180,21 @@ func TestFSMFreelistWrittenWhileSmall(t *testing.T) {
 	h.must(publish(1002, "u", msg(val)))
 	if fsmFreelistSynced(t, path) {
 		t.Fatalf("with a large free list the commit still wrote it")
+	}
+	// A clean close writes it, large or not: the restart after a graceful
+	// stop does not walk the file.
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !fsmFreelistSynced(t, path) {
+		t.Fatalf("after a clean close the large free list is not written")
+	}
+	f, err := OpenFSM(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if st := f.db.Stats(); st.FreePageN < freelistSyncMax {
+		t.Fatalf("reopened with %d free pages, want the %d+ freed before", st.FreePageN, freelistSyncMax)
 	}
 }
