@@ -38,6 +38,9 @@ type clusterNode struct {
 	LastContactMs int64  `json:"last_contact_ms"`
 	AppliedIndex  uint64 `json:"applied_index"`
 	CommitIndex   uint64 `json:"commit_index"`
+	// StateFormatMax: the highest state format the member's binary reads
+	// (0: older than formats, or not probed yet).
+	StateFormatMax int `json:"state_format_max"`
 }
 
 // cluster answers GET /v1/cluster: every member as this node sees it. The
@@ -62,8 +65,10 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		AppliedIndex      uint64            `json:"applied_index"`
 		CommitIndex       uint64            `json:"commit_index"`
 		LastSnapshotIndex uint64            `json:"last_snapshot_index"`
+		StateFormat       int               `json:"state_format"`
 	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.node.FSM.AppliedIndex(),
-		CommitIndex: s.node.Raft.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex()}
+		CommitIndex: s.node.Raft.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
+		StateFormat: s.node.FSM.StateFormat()}
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
 		info.ID, info.RaftAddr = string(sv.ID), string(sv.Address)
@@ -72,10 +77,12 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 			cn.NodeInfo, cn.State = s.node.Info(), s.node.StateName()
 			cn.LastContactMs = s.node.LastContact().Milliseconds()
 			cn.AppliedIndex, cn.CommitIndex = out.AppliedIndex, out.CommitIndex
+			cn.StateFormatMax = raftfsm.StateFormat
 		} else {
 			p := s.node.Peer(info.ID)
 			cn.NodeInfo, cn.State, cn.LastContactMs = info, p.State, p.LastContactMs
 			cn.AppliedIndex, cn.CommitIndex = p.AppliedIndex, p.CommitIndex
+			cn.StateFormatMax = p.StateFormatMax
 			if !p.Probed { // not asked yet (just started): raft's view
 				cn.State = "follower"
 				if known && info.ID == lid {

@@ -14,6 +14,9 @@ type NodeInfo struct {
 	State         string `json:"state"`
 	Voter         bool   `json:"voter"`
 	LastContactMs *int64 `json:"last_contact_ms,omitempty"`
+	// StateFormatMax is the highest replicated state format the node's
+	// binary reads (0: older than formats, or unknown to the answering node).
+	StateFormatMax int `json:"state_format_max"`
 }
 
 // ClusterStatus is the answer of GET /v1/cluster on the node that answered.
@@ -24,6 +27,7 @@ type ClusterStatus struct {
 	AppliedIndex      uint64          `json:"applied_index"`
 	CommitIndex       uint64          `json:"commit_index"`
 	LastSnapshotIndex uint64          `json:"last_snapshot_index"`
+	StateFormat       int             `json:"state_format"` // the replicated state's format, as the answering node applied it
 	Raw               json.RawMessage `json:"-"`
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -112,16 +113,50 @@ func (n *Node) formatProbes(now time.Time) map[string]formatProbe {
 	return out
 }
 
-// raiseFormat proposes OpSetFormat{StateFormat} on the leader once the
-// state is older and every member reads it; a failed proposal is tried
-// again at the next call.
-func (n *Node) raiseFormat(ctx context.Context) {
+// formatLagging lists the members other than self whose fresh probe says
+// their binary reads less than format cur: after the raise, that is an
+// older binary started on a member's data dir, which misreads the state.
+// Every binary reads format 1, whatever it reports.
+func formatLagging(cur int, self string, members []raft.Server, probes map[string]formatProbe) []string {
+	if cur <= formatUnset {
+		return nil
+	}
+	var out []string
+	for _, s := range members {
+		id := string(s.ID)
+		if p, ok := probes[id]; ok && id != self && p.fresh && p.max < cur {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// checkFormat runs on the leader once it leads and then every second. It
+// proposes OpSetFormat{StateFormat} once the state is older and every
+// member reads it (a failed proposal is tried again at the next call);
+// once the state is newer than what a member reads, it warns about that
+// member (once while it stays so; warned holds those already named).
+func (n *Node) checkFormat(ctx context.Context, warned map[string]bool) {
 	cur := n.FSM.StateFormat()
-	if cur >= StateFormat {
+	servers, err := n.Servers()
+	if err != nil {
 		return
 	}
-	servers, err := n.Servers()
-	if err != nil || !formatRaise(cur, StateFormat, n.cfg.ID, servers, n.formatProbes(time.Now())) {
+	probes := n.formatProbes(time.Now())
+	lagging := formatLagging(cur, n.cfg.ID, servers, probes)
+	for id := range warned {
+		if !slices.Contains(lagging, id) {
+			delete(warned, id)
+		}
+	}
+	for _, id := range lagging {
+		if !warned[id] {
+			warned[id] = true
+			n.logger.Warn("member runs a binary that cannot read the state format: it misreads the state; upgrade it",
+				"member", id, "reads_up_to", probes[id].max, "state_format", cur)
+		}
+	}
+	if !formatRaise(cur, StateFormat, n.cfg.ID, servers, probes) {
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)

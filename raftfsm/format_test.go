@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -196,5 +197,25 @@ func TestFormatProbes(t *testing.T) {
 		if got[id] != w {
 			t.Errorf("%s: %+v, want %+v", id, got[id], w)
 		}
+	}
+}
+
+// After the raise, the leader names the members whose binary reads less
+// than the state's format (an older binary on a member's data dir); in
+// format 1 nobody lags, whatever it reports.
+func TestFormatLagging(t *testing.T) {
+	members := []raft.Server{{ID: "n1"}, {ID: "n2"}, {ID: "n3", Suffrage: raft.Nonvoter}, {ID: "n4"}}
+	probes := map[string]formatProbe{
+		"n1": {max: 0, fresh: true}, // self: never named
+		"n2": {max: 2, fresh: true},
+		"n3": {max: 0, fresh: true}, // an older binary
+		"n4": {max: 0, fresh: false},
+		"n5": {max: 0, fresh: true}, // not a member
+	}
+	if got := formatLagging(2, "n1", members, probes); !slices.Equal(got, []string{"n3"}) {
+		t.Errorf("format 2: lagging %v, want [n3]", got)
+	}
+	if got := formatLagging(1, "n1", members, probes); len(got) != 0 {
+		t.Errorf("format 1: lagging %v, want none", got)
 	}
 }

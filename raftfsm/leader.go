@@ -101,7 +101,8 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	if err := n.Join(ctx, n.Info()); err != nil {
 		n.logger.Warn("record own address", "err", err)
 	}
-	n.raiseFormat(ctx) // a single node raises it at once; others once the probes answer
+	warned := map[string]bool{} // members named as unable to read the state format
+	n.checkFormat(ctx, warned)  // a single node raises it at once; others once the probes answer
 	schedDone := make(chan struct{})
 	go func() {
 		defer close(schedDone)
@@ -137,7 +138,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 				}
 				n.serving.Store(true)
 			}
-			n.raiseFormat(ctx)
+			n.checkFormat(ctx, warned)
 		case <-sweep.C:
 			n.sweepLeases(ctx)
 		case <-n.sched.kick:

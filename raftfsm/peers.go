@@ -57,6 +57,9 @@ type PeerState struct {
 	ClockOffsetMs int64 // this node's clock minus the member's
 	Reachable     bool
 	Probed        bool
+	// StateFormatMax: the highest state format its binary reads, by its
+	// latest answer (0: a binary older than formats, or no answer yet).
+	StateFormatMax int
 }
 
 // probeLoop probes every other member until ctx ends.
@@ -181,7 +184,8 @@ func (n *Node) Peer(id string) PeerState {
 	}
 	now := time.Now()
 	ps := PeerState{State: v.status.State, LastContactMs: now.Sub(v.lastOK).Milliseconds(), AppliedIndex: v.status.AppliedIndex,
-		CommitIndex: v.status.CommitIndex, ClockOffsetMs: v.offsetMs, Reachable: v.answered(now), Probed: true}
+		CommitIndex: v.status.CommitIndex, ClockOffsetMs: v.offsetMs, Reachable: v.answered(now), Probed: true,
+		StateFormatMax: v.status.StateFormatMax}
 	if !ps.Reachable {
 		ps.State = "unreachable"
 	}

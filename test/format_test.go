@@ -63,6 +63,17 @@ func TestStateFormatRaised(t *testing.T) {
 			t.Fatalf("%s: mqd_state_format = %v (present %v), want 2", n, v, ok)
 		}
 	}
+	// /v1/cluster: the state's format, and what each member reads.
+	_, err := waitView(ctx, c.Node(0), "state format 2, every member reading it", func(ci tc.ClusterInfo) bool {
+		ok := ci.StateFormat == 2 && len(ci.Nodes) == 3
+		for _, n := range ci.Nodes {
+			ok = ok && n.StateFormatMax == 2
+		}
+		return ok
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	said := 0
 	for _, n := range c.Nodes() {
 		b, err := os.ReadFile(n.LogPath())

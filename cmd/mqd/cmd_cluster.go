@@ -50,16 +50,20 @@ func printCluster(c *cli, st *client.ClusterStatus) error {
 	if st.Leader != nil {
 		leader = st.Leader.ID + " (" + st.Leader.HTTPAddr + ")"
 	}
-	fmt.Fprintf(c.stdout, "leader %s; answered by %s (applied %d, commit %d, snapshot %d)\n\n",
-		leader, st.Self, st.AppliedIndex, st.CommitIndex, st.LastSnapshotIndex)
+	fmt.Fprintf(c.stdout, "leader %s; answered by %s (applied %d, commit %d, snapshot %d, state format %d)\n\n",
+		leader, st.Self, st.AppliedIndex, st.CommitIndex, st.LastSnapshotIndex, st.StateFormat)
 	w := c.table()
-	fmt.Fprintln(w, "ID\tSTATE\tHTTP\tRAFT\tVOTER\tLAST CONTACT")
+	fmt.Fprintln(w, "ID\tSTATE\tHTTP\tRAFT\tVOTER\tLAST CONTACT\tREADS FORMAT")
 	for _, n := range st.Nodes {
 		contact := "-"
 		if n.LastContactMs != nil {
 			contact = fmt.Sprintf("%d ms", *n.LastContactMs)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\t%s\n", n.ID, n.State, n.HTTPAddr, n.RaftAddr, n.Voter, contact)
+		reads := "-" // a binary older than formats, or not probed yet
+		if n.StateFormatMax > 0 {
+			reads = fmt.Sprintf("<= %d", n.StateFormatMax)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\t%s\t%s\n", n.ID, n.State, n.HTTPAddr, n.RaftAddr, n.Voter, contact, reads)
 	}
 	return w.Flush()
 }

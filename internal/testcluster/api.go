@@ -13,6 +13,7 @@ type ClusterInfo struct {
 	AppliedIndex      uint64     `json:"applied_index"`
 	CommitIndex       uint64     `json:"commit_index"`
 	LastSnapshotIndex uint64     `json:"last_snapshot_index"`
+	StateFormat       int        `json:"state_format"`
 }
 
 // LeaderID is the id of the leader this node knows, or "" if none.
@@ -35,6 +36,8 @@ type NodeInfo struct {
 	LastContactMs int64  `json:"last_contact_ms"`
 	AppliedIndex  uint64 `json:"applied_index"`
 	CommitIndex   uint64 `json:"commit_index"`
+	// StateFormatMax: the highest state format the node's binary reads.
+	StateFormatMax int `json:"state_format_max"`
 }
 
 // PublishResult is the answer of a publish.
