@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/internal/refusal"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -65,6 +66,43 @@ func applySetFormat(tx *bolt.Tx, c *Command, ev *Events) error {
 	}
 	ev.format = want
 	return nil
+}
+
+// ErrFormatUnsupported refuses to add a node to a cluster whose state is
+// in a format the node's binary does not read (it would misread the
+// snapshot it is sent).
+var ErrFormatUnsupported = refusal.New(409, "state_format_unsupported",
+	"the node's binary does not read the cluster's state format")
+
+// joinFormatCheck decides whether a node may be added to a cluster whose
+// state is in format cur, from the answer (st, or err) of the node's
+// /v1/internal/status. Every binary reads format 1.
+func joinFormatCheck(cur int, info NodeInfo, st Status, err error) error {
+	switch {
+	case cur <= formatUnset:
+		return nil
+	case err != nil:
+		return fmt.Errorf("%w: %s did not say which state formats it reads (%v)", ErrFormatUnsupported, info.ID, err)
+	case st.ID != info.ID:
+		return fmt.Errorf("%w: %s answers as %q", ErrFormatUnsupported, info.HTTPAddr, st.ID)
+	case st.StateFormatMax < cur:
+		return fmt.Errorf("%w: %s reads state formats up to %d, the cluster's is %d (run the current binary on it)",
+			ErrFormatUnsupported, info.ID, st.StateFormatMax, cur)
+	}
+	return nil
+}
+
+// checkJoiner asks a node about to be added which state formats its
+// binary reads, unless the state is in format 1.
+func (n *Node) checkJoiner(ctx context.Context, info NodeInfo) error {
+	cur := n.FSM.StateFormat()
+	if cur <= formatUnset {
+		return nil
+	}
+	client := n.peerClient(probeTimeout)
+	defer client.CloseIdleConnections()
+	st, err := n.getStatus(ctx, client, info.HTTPAddr)
+	return joinFormatCheck(cur, info, st, err)
 }
 
 // useSpans switches a group to range lease records; a variable so that

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,5 +218,33 @@ func TestFormatLagging(t *testing.T) {
 	}
 	if got := formatLagging(1, "n1", members, probes); len(got) != 0 {
 		t.Errorf("format 1: lagging %v, want none", got)
+	}
+}
+
+// A node joins a cluster in format 1 whatever it runs; in format 2 only
+// if its status answers, as itself, that it reads format 2.
+func TestJoinFormatCheck(t *testing.T) {
+	info := NodeInfo{ID: "n4", HTTPAddr: "127.0.0.1:7004"}
+	for _, c := range []struct {
+		name string
+		cur  int
+		st   Status
+		err  error
+		want string // "" allowed, else a part of the refusal's message
+	}{
+		{"format 1, older binary", 1, Status{NodeInfo: info}, nil, ""},
+		{"format 1, no answer", 1, Status{}, errors.New("connection refused"), ""},
+		{"format 2, reads 2", 2, Status{NodeInfo: info, StateFormatMax: 2}, nil, ""},
+		{"format 2, older binary", 2, Status{NodeInfo: info}, nil, "reads state formats up to 0"},
+		{"format 2, no answer", 2, Status{}, errors.New("connection refused"), "did not say"},
+		{"format 2, another node answers", 2, Status{NodeInfo: NodeInfo{ID: "n9"}, StateFormatMax: 2}, nil, "answers as"},
+	} {
+		err := joinFormatCheck(c.cur, info, c.st, c.err)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.name, err)
+		case c.want != "" && (!errors.Is(err, ErrFormatUnsupported) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want ErrFormatUnsupported saying %q", c.name, err, c.want)
+		}
 	}
 }

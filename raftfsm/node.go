@@ -415,6 +415,9 @@ func (n *Node) Bootstrap(servers []NodeInfo) error {
 }
 
 // Join adds a node as a voter (on the leader) and records its addresses.
+// A node not yet in the configuration is asked which state formats its
+// binary reads first, and refused (ErrFormatUnsupported) if not the
+// state's.
 func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 	if !n.IsLeader() {
 		return ErrNotLeader
@@ -430,6 +433,11 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 		}
 	}
 	if !have {
+		// A binary that does not read the state's format would misread
+		// the snapshot it is about to be sent.
+		if err := n.checkJoiner(ctx, info); err != nil {
+			return err
+		}
 		if err := n.Raft.AddVoter(raft.ServerID(info.ID), raft.ServerAddress(info.RaftAddr), 0, 10*time.Second).Error(); err != nil {
 			return fmt.Errorf("add voter %s: %w", info.ID, err)
 		}

@@ -2,7 +2,11 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -84,5 +88,69 @@ func TestStateFormatRaised(t *testing.T) {
 	}
 	if said == 0 {
 		t.Fatal("no node logged \"state format raised\"")
+	}
+}
+
+// Once the cluster is in format 2, the leader refuses to add a node whose
+// binary does not read it: here an HTTP server answering
+// /v1/internal/status as a binary from before formats does, and a node
+// that does not answer at all. The join is answered 409
+// state_format_unsupported (also through a follower) and the
+// configuration keeps its three members.
+func TestJoinRefusedToOlderBinary(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	ctx := ctxFor(t, 60*time.Second)
+	leader, followers := mustRoles(t, c)
+	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	// A raft address nobody listens on: were the node added, the
+	// configuration would show it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftAddr := ln.Addr().String()
+	ln.Close()
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/internal/status" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": "old", "http_addr": r.Host, "raft_addr": raftAddr,
+			"bootstrapped": false, "leader_known": false, "state": "follower", "now_ms": time.Now().UnixMilli()})
+	}))
+	defer old.Close()
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := ln.Addr().String()
+	ln.Close()
+	for _, j := range []struct {
+		via  *tc.Node
+		info map[string]string
+	}{
+		{leader, map[string]string{"id": "old", "http_addr": old.Listener.Addr().String(), "raft_addr": raftAddr}},
+		{followers[0], map[string]string{"id": "old", "http_addr": old.Listener.Addr().String(), "raft_addr": raftAddr}},
+		{leader, map[string]string{"id": "silent", "http_addr": silent, "raft_addr": raftAddr}},
+	} {
+		r, err := j.via.Do(ctx, "POST", "/v1/internal/join", j.info, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, cerr := r.CheckError()
+		if r.Status != 409 || cerr != nil || code != "state_format_unsupported" {
+			t.Fatalf("join of %s via %s: %d %s (%v), want 409 state_format_unsupported", j.info["id"], j.via, r.Status, r.Body, cerr)
+		}
+	}
+	ci, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ci.Nodes) != 3 {
+		t.Fatalf("after refused joins the cluster has %d members: %s", len(ci.Nodes), describe(ci))
 	}
 }
