@@ -57,6 +57,7 @@ type leaser struct {
 	scanned    int
 	out        []Delivery
 	spans      map[uint32]*span // with g.spans: this lease's span per partition
+	scans      map[uint32]*mlog.Scanner
 }
 
 func (lz *leaser) full() bool { return len(lz.out) >= lz.max || lz.scanned >= maxScan }
@@ -146,7 +147,11 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	if err != nil {
 		return err
 	}
-	deliverAt, key, ok, m, err := lz.read(part, off)
+	var sc *mlog.Scanner
+	if old == nil {
+		sc = lz.scanner(part)
+	}
+	deliverAt, key, ok, m, err := lz.read(part, sc, off)
 	if err != nil {
 		return err
 	}
@@ -196,14 +201,37 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	return nil
 }
 
+// scanner returns the lease's scanner of part: new messages are read in
+// rising offsets per partition, and the lease writes no message.
+func (lz *leaser) scanner(part *mlog.Partition) *mlog.Scanner {
+	if lz.scans == nil {
+		lz.scans = map[uint32]*mlog.Scanner{}
+	}
+	sc := lz.scans[part.ID]
+	if sc == nil {
+		sc = part.Scanner()
+		lz.scans[part.ID] = sc
+	}
+	return sc
+}
+
 // read reads what offer needs of the message at off: only its head, or
 // with lz.msgs the whole message (m, aliasing the transaction's memory).
-func (lz *leaser) read(part *mlog.Partition, off uint64) (deliverAt int64, key string, ok bool, m *mlog.Message, err error) {
+func (lz *leaser) read(part *mlog.Partition, sc *mlog.Scanner, off uint64) (deliverAt int64, key string, ok bool, m *mlog.Message, err error) {
 	if !lz.msgs {
-		deliverAt, key, ok, err = part.Head(off)
+		if sc != nil {
+			deliverAt, key, ok, err = sc.Head(off)
+		} else {
+			deliverAt, key, ok, err = part.Head(off)
+		}
 		return deliverAt, key, ok, nil, err
 	}
-	if m, err = part.Get(off); err != nil || m == nil {
+	if sc != nil {
+		m, err = sc.Get(off)
+	} else {
+		m, err = part.Get(off)
+	}
+	if err != nil || m == nil {
 		return 0, "", false, nil, err
 	}
 	return m.DeliverAt, m.IdempotencyKey, true, m, nil

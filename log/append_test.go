@@ -2,6 +2,7 @@ package log
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -494,3 +495,56 @@ func TestAppendFillsPages(t *testing.T) {
 		t.Errorf("message pages hold %.2f× the payload, want ≤ 1.4×", ratio)
 	}
 }
+
+// A Scanner answers every offset as Get and Head do, whether it steps to
+// the next key or seeks: in order, with gaps, backwards, past the end, and
+// on other partitions' keys.
+func TestScannerMatchesGet(t *testing.T) {
+	db := mustDB(t)
+	mustPutTopic(t, db, "t", Patch{Partitions: ptrU32(2)})
+	vals := make([]string, 3000) // several leaf pages
+	at := make([]int64, len(vals))
+	for i := range vals {
+		vals[i], at[i] = fmt.Sprintf("v%d", i), int64(i)
+	}
+	mustAppend(t, db, "t", 0, at, vals...)
+	mustAppend(t, db, "t", 1, at[:5], vals[:5]...)
+	mustUpdate(t, db, func(tx *bolt.Tx) error {
+		part, _ := OpenPartition(tx, "t", 0)
+		_, err := part.TrimTo(10)
+		return err
+	})
+	_ = db.View(func(tx *bolt.Tx) error {
+		part, err := OpenPartition(tx, "t", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := part.Scanner()
+		offs := []uint64{0, 1, 2, 9, 10, 11, 12, 12, 11, 13, 2999, 3000, 3001, 14, 15, 500}
+		for i := uint64(16); i < 2999; i++ {
+			offs = append(offs, i)
+		}
+		offs = append(offs, 3000, 5, 6, 20, 5, 21, 1)
+		for _, off := range offs {
+			want, err := part.Get(off)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := sc.Get(off)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (want == nil) != (got == nil) || want != nil && (got.Offset != want.Offset || string(got.Value) != string(want.Value)) {
+				t.Fatalf("Scanner.Get(%d) = %+v, want %+v", off, got, want)
+			}
+			d, k, ok, err := sc.Head(off)
+			wd, wk, wok, werr := part.Head(off)
+			if d != wd || k != wk || ok != wok || err != werr {
+				t.Fatalf("Scanner.Head(%d) = %d %q %v %v, want %d %q %v %v", off, d, k, ok, err, wd, wk, wok, werr)
+			}
+		}
+		return nil
+	})
+}
+
+func ptrU32(v uint32) *uint32 { return &v }

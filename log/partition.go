@@ -2,6 +2,7 @@ package log
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
@@ -122,7 +123,10 @@ func (p *Partition) Append(m *Message) (uint64, error) {
 // Get returns the message at off, or nil if it is not retained. The message
 // aliases the transaction's memory: Clone it to keep it past the transaction.
 func (p *Partition) Get(off uint64) (*Message, error) {
-	v := p.msgs.Get(U64Key(off))
+	return p.getRaw(off, p.msgs.Get(U64Key(off)))
+}
+
+func (p *Partition) getRaw(off uint64, v []byte) (*Message, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -182,7 +186,10 @@ func (p *Partition) TrimTo(off uint64) (uint64, error) {
 // message at off, decoding only the record's head; ok is false when the
 // message is not retained.
 func (p *Partition) Head(off uint64) (deliverAt int64, key string, ok bool, err error) {
-	v := p.msgs.Get(U64Key(off))
+	return headRaw(p.msgs.Get(U64Key(off)))
+}
+
+func headRaw(v []byte) (deliverAt int64, key string, ok bool, err error) {
 	if v == nil {
 		return 0, "", false, nil
 	}
@@ -195,3 +202,40 @@ func (p *Partition) Head(off uint64) (deliverAt int64, key string, ok bool, err 
 	key = d.Str()
 	return deliverAt, key, true, d.Err()
 }
+
+// Scanner reads a partition's messages in rising offset order: reading the
+// offset right after the one read before steps the cursor to the next key
+// instead of searching the tree from its root. Reading any other offset
+// seeks. The partition's messages must not change while it is in use.
+type Scanner struct {
+	p    *Partition
+	c    *bolt.Cursor
+	next uint64 // with on: the offset of the cursor's next key, if present
+	on   bool   // the cursor is on the key of offset next-1
+}
+
+// Scanner returns a Scanner of the partition.
+func (p *Partition) Scanner() *Scanner { return &Scanner{p: p, c: p.msgs.Cursor()} }
+
+func (s *Scanner) raw(off uint64) []byte {
+	var k, v []byte
+	if s.on && off == s.next {
+		k, v = s.c.Next()
+	} else {
+		k, v = s.c.Seek(U64Key(off))
+	}
+	if len(k) != 8 || binary.BigEndian.Uint64(k) != off {
+		s.on = false
+		return nil
+	}
+	s.on, s.next = true, off+1
+	return v
+}
+
+// Head is Partition.Head, read through the scanner.
+func (s *Scanner) Head(off uint64) (deliverAt int64, key string, ok bool, err error) {
+	return headRaw(s.raw(off))
+}
+
+// Get is Partition.Get, read through the scanner.
+func (s *Scanner) Get(off uint64) (*Message, error) { return s.p.getRaw(off, s.raw(off)) }
