@@ -228,3 +228,42 @@ func TestSpanCodec(t *testing.T) {
 		t.Fatalf("too wide: err = %v", err)
 	}
 }
+
+// A group whose leases were recorded per message (a state from before
+// format 2) goes on after the switch: old and new leases are acked,
+// expired and counted alike.
+func TestSpansAfterRecords(t *testing.T) {
+	db := mustDB(t)
+	mustTopic(t, db, "t", 1)
+	mustPublish(t, db, "t", 0, 10, 1)
+	was := testSpans
+	testSpans = false
+	old := receiptsOf(lease(t, db, "t", "g", 1000, 100, 5, 4))
+	testSpans = true
+	t.Cleanup(func() { testSpans = was })
+	cur := receiptsOf(lease(t, db, "t", "g", 1000, 200, 5, 5))
+	if r, s, e := layout(t, db, "t", "g"); r != 5 || s != 1 || e != 6 {
+		t.Fatalf("5 leased per message then 5 in a span: %d records, %d spans, %d expiry entries", r, s, e)
+	}
+	// One of each acked; the rest of the old ones expire first.
+	if st := ack(t, db, "t", "g", 1001, 6, old[0], cur[0]); !reflect.DeepEqual(st, []string{StatusOK, StatusOK}) {
+		t.Fatalf("ack = %v", st)
+	}
+	due := dueLeases(t, db, 1100, 100)
+	if len(due) != 4 || due[0].Offset != 1 || due[3].Offset != 4 {
+		t.Fatalf("due at 1100 = %+v, want the four old leases", due)
+	}
+	due = dueLeases(t, db, 1200, 100)
+	if len(due) != 8 || due[4].Offset != 6 || due[7].Offset != 9 {
+		t.Fatalf("due at 1200 = %+v, want the old four then the span's 6..9", due)
+	}
+	for _, e := range due {
+		withGroup(t, db, "t", "g", func(g *Group) error { return g.ExpireLease(e.Receipt, expireAt(1200)) })
+	}
+	if s := stats(t, db, "t", "g", 1200); s.InFlight != 0 || s.Acked != 2 || s.Delayed != 8 {
+		t.Fatalf("stats after expiry = %+v", s)
+	}
+	if r, s, e := layout(t, db, "t", "g"); r != 8 || s != 0 || e != 0 {
+		t.Fatalf("after expiry: %d records, %d spans, %d expiry entries; want 8, 0, 0", r, s, e)
+	}
+}
