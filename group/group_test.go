@@ -116,17 +116,9 @@ func withGroup(t testing.TB, db *bolt.DB, topic, name string, fn func(g *Group) 
 // its records.
 func checkConsistent(t testing.TB, db *bolt.DB, topic, name string) {
 	t.Helper()
-	_ = db.View(func(tx *bolt.Tx) error {
-		l, err := mlog.Open(tx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := Open(tx, l, name, false, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	viewGroup(t, db, topic, name, func(tx *bolt.Tx, g *Group) {
 		var leased, ready, held uint64
-		err = g.forEachRecord(func(p uint32, off uint64, r record) error {
+		err := g.forEachRecord(func(p uint32, off uint64, r record) error {
 			switch r.State {
 			case stateLeased:
 				leased++
@@ -170,6 +162,22 @@ func checkConsistent(t testing.TB, db *bolt.DB, topic, name string) {
 		if n := uint64(g.b.Bucket(bktHeld).Stats().KeyN); n != held {
 			t.Errorf("held index holds %d entries, records %d", n, held)
 		}
+	})
+}
+
+// viewGroup runs fn on group name of topic in a read transaction.
+func viewGroup(t testing.TB, db *bolt.DB, topic, name string, fn func(tx *bolt.Tx, g *Group)) {
+	t.Helper()
+	_ = db.View(func(tx *bolt.Tx) error {
+		l, err := mlog.Open(tx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := Open(tx, l, name, false, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(tx, g)
 		return nil
 	})
 }

@@ -22,21 +22,12 @@ func withSpans(t *testing.T) {
 // expiry index's entries.
 func layout(t *testing.T, db *bolt.DB, topic, name string) (records, spans, expiries int) {
 	t.Helper()
-	_ = db.View(func(tx *bolt.Tx) error {
-		l, err := mlog.Open(tx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := Open(tx, l, name, false, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	viewGroup(t, db, topic, name, func(tx *bolt.Tx, g *Group) {
 		records = g.b.Bucket(bktState).Stats().KeyN
 		if b := g.b.Bucket(bktSpans); b != nil {
 			spans = b.Stats().KeyN
 		}
 		expiries = tx.Bucket(bktExpiry).Stats().KeyN
-		return nil
 	})
 	return records, spans, expiries
 }
