@@ -147,11 +147,7 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	if err != nil {
 		return err
 	}
-	var sc *mlog.Scanner
-	if old == nil {
-		sc = lz.scanner(part)
-	}
-	deliverAt, key, ok, m, err := lz.read(part, sc, off)
+	deliverAt, key, ok, m, err := lz.read(lz.scanner(part), off)
 	if err != nil {
 		return err
 	}
@@ -202,7 +198,8 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 }
 
 // scanner returns the lease's scanner of part: new messages are read in
-// rising offsets per partition, and the lease writes no message.
+// rising offsets per partition (a redelivery's offset is a seek), and the
+// lease writes no message.
 func (lz *leaser) scanner(part *mlog.Partition) *mlog.Scanner {
 	if lz.scans == nil {
 		lz.scans = map[uint32]*mlog.Scanner{}
@@ -217,21 +214,12 @@ func (lz *leaser) scanner(part *mlog.Partition) *mlog.Scanner {
 
 // read reads what offer needs of the message at off: only its head, or
 // with lz.msgs the whole message (m, aliasing the transaction's memory).
-func (lz *leaser) read(part *mlog.Partition, sc *mlog.Scanner, off uint64) (deliverAt int64, key string, ok bool, m *mlog.Message, err error) {
+func (lz *leaser) read(sc *mlog.Scanner, off uint64) (deliverAt int64, key string, ok bool, m *mlog.Message, err error) {
 	if !lz.msgs {
-		if sc != nil {
-			deliverAt, key, ok, err = sc.Head(off)
-		} else {
-			deliverAt, key, ok, err = part.Head(off)
-		}
+		deliverAt, key, ok, err = sc.Head(off)
 		return deliverAt, key, ok, nil, err
 	}
-	if sc != nil {
-		m, err = sc.Get(off)
-	} else {
-		m, err = part.Get(off)
-	}
-	if err != nil || m == nil {
+	if m, err = sc.Get(off); err != nil || m == nil {
 		return 0, "", false, nil, err
 	}
 	return m.DeliverAt, m.IdempotencyKey, true, m, nil
