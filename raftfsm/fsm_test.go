@@ -790,25 +790,33 @@ func TestAppliedIndexTracked(t *testing.T) {
 func TestApplyUndecodableEntryPanics(t *testing.T) {
 	h := mustFSM(t)
 	h.must(&Command{Op: OpPutTopic, Topic: "t"})
-	before := dumpDB(t, h.f)
 	applied := h.f.AppliedIndex()
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatalf("an undecodable committed entry did not stop the FSM")
-			}
-		}()
+	h.mustStopWritingNothing("an undecodable committed entry", func() {
 		h.f.ApplyBatch([]*raft.Log{
 			{Index: applied + 1, Type: raft.LogCommand, Data: publish(1, "t", msg("a")).Encode()},
 			{Index: applied + 2, Type: raft.LogCommand, Data: []byte{0xde, 0xad}},
 		})
-	}()
-	// The batch's transaction was rolled back as a whole.
-	if after := dumpDB(t, h.f); !reflect.DeepEqual(after, before) {
-		t.Fatalf("a panicking batch left writes behind:\n%s", diffDumps(before, after))
-	}
+	})
 	if got := h.f.AppliedIndex(); got != applied {
 		t.Fatalf("AppliedIndex moved to %d after a failed batch", got)
+	}
+}
+
+// mustStopWritingNothing checks that apply panics (the node stops) and
+// that its batch's transaction was rolled back as a whole.
+func (h *harness) mustStopWritingNothing(what string, apply func()) {
+	h.t.Helper()
+	before := dumpDB(h.t, h.f)
+	func() {
+		defer func() {
+			if recover() == nil {
+				h.t.Fatalf("%s did not stop the FSM", what)
+			}
+		}()
+		apply()
+	}()
+	if after := dumpDB(h.t, h.f); !reflect.DeepEqual(after, before) {
+		h.t.Fatalf("%s: the panicking batch left writes behind:\n%s", what, diffDumps(before, after))
 	}
 }
 
