@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -98,4 +99,41 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// BuildAt builds ./cmd/mqd as it was at commit (an older release, for
+// upgrade tests) into a directory tb removes, and returns the binary's
+// path. It skips tb when the repository's history does not hold commit (a
+// shallow clone or a source archive): the old source is taken from git.
+func BuildAt(tb testing.TB, commit string) string {
+	tb.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").CombinedOutput(); err != nil {
+		tb.Skipf("testcluster: commit %s is not in this checkout's history (%v %s): cannot build the older binary", commit, err, out)
+	}
+	dir := tb.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tarball := filepath.Join(dir, "src.tar")
+	for _, c := range [][]string{
+		{"git", "-C", root, "archive", "--format=tar", "-o", tarball, commit},
+		{"tar", "-xf", tarball, "-C", src},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			tb.Fatalf("testcluster: %s: %v\n%s", strings.Join(c, " "), err, out)
+		}
+	}
+	bin := filepath.Join(dir, "brokertest-"+commit)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/mqd")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("testcluster: go build ./cmd/mqd at %s: %v\n%s", commit, err, out)
+	}
+	return bin
 }

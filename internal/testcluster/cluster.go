@@ -23,7 +23,13 @@ type config struct {
 	nodeArgs     []func(*Node) []string
 	env          []string
 	scheme       string
+	binary       string // "": Binary's
 }
+
+// WithBinary runs every node from the mqd binary at path instead of the
+// one built from this repository (an older release, for upgrade tests);
+// Node.SetBinary changes one node's for its next starts.
+func WithBinary(path string) Option { return func(c *config) { c.binary = path } }
 
 // WithHTTPS makes the harness speak https to nodes whose TLS flags the
 // test passes itself (pair it with WithClient and a client trusting its CA).
@@ -101,7 +107,7 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		id := "n" + strconv.Itoa(i+1)
 		c.nodes = append(c.nodes, &Node{tb: tb, client: cfg.client, id: id, httpAddr: h, raftAddr: r,
 			dataDir: filepath.Join(root, id), logPath: filepath.Join(root, id+".log"),
-			env: cfg.env, scheme: cfg.scheme})
+			env: cfg.env, scheme: cfg.scheme, binary: cfg.binary})
 		httpAddrs = append(httpAddrs, h)
 	}
 	for _, nd := range c.nodes {
@@ -153,7 +159,7 @@ func (c *Cluster) AddNode(id string) *Node {
 	}
 	nd := &Node{tb: c.tb, client: c.client, id: id, httpAddr: h, raftAddr: r,
 		dataDir: filepath.Join(c.root, id), logPath: filepath.Join(c.root, id+".log"),
-		env: c.cfg.env, scheme: c.cfg.scheme}
+		env: c.cfg.env, scheme: c.cfg.scheme, binary: c.cfg.binary}
 	var join []string
 	for _, o := range c.nodes {
 		join = append(join, o.httpAddr)

@@ -29,6 +29,7 @@ type Node struct {
 	args     []string
 	env      []string
 	scheme   string
+	binary   string // "": Binary's
 
 	mu     sync.Mutex
 	proc   *process
@@ -115,7 +116,13 @@ func (n *Node) start() error {
 		return err
 	}
 	fmt.Fprintf(lf, "=== testcluster: %s start %s %s\n", time.Now().Format(time.RFC3339Nano), n.id, strings.Join(n.args, " "))
-	cmd := exec.Command(Binary(n.tb), n.args...)
+	n.mu.Lock()
+	bin := n.binary
+	n.mu.Unlock()
+	if bin == "" {
+		bin = Binary(n.tb)
+	}
+	cmd := exec.Command(bin, n.args...)
 	if len(n.env) > 0 {
 		cmd.Env = append(os.Environ(), n.env...)
 	}
@@ -284,6 +291,19 @@ func (n *Node) SetEnv(kv ...string) {
 	}
 	n.mu.Lock()
 	n.env = append(append([]string(nil), n.env...), kv...)
+	n.mu.Unlock()
+}
+
+// SetBinary makes the node's next starts run the mqd binary at path; ""
+// is the one built from this repository (Binary). The node must be
+// stopped: this is how a test upgrades a node in place.
+func (n *Node) SetBinary(path string) {
+	n.tb.Helper()
+	if n.Running() {
+		n.tb.Fatalf("setbinary %s: node is running", n.id)
+	}
+	n.mu.Lock()
+	n.binary = path
 	n.mu.Unlock()
 }
 
