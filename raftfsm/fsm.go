@@ -133,9 +133,13 @@ type FSM struct {
 	// format is the state's format (meta "state_format") after the last
 	// applied batch, open or restore.
 	format atomic.Int32
-	// logBytes counts the bytes of raft entries applied since start;
-	// snapBytes is its value at the latest snapshot (taken or restored).
+	// logBytes counts the bytes of raft entries applied since start.
+	// seenBytes counts every entry raft hands over since start, those a
+	// restart replays that fsm.db already holds too: raft replays the log
+	// from its latest snapshot, so they are log since that snapshot.
+	// snapBytes is seenBytes at the latest snapshot (taken or restored).
 	logBytes  atomic.Uint64
+	seenBytes atomic.Uint64
 	snapBytes atomic.Uint64
 	restores  atomic.Uint64
 	// leaseWaiters counts this node's proposers waiting for a lease's
@@ -155,9 +159,11 @@ func (f *FSM) awaitLease() (done func()) {
 // Restores counts the snapshots this FSM restored.
 func (f *FSM) Restores() uint64 { return f.restores.Load() }
 
-// BytesSinceSnapshot is how many bytes of raft entries this node applied
-// since its latest snapshot (since start, if it took none since).
-func (f *FSM) BytesSinceSnapshot() uint64 { return f.logBytes.Load() - f.snapBytes.Load() }
+// BytesSinceSnapshot is how many bytes of raft log this node holds past
+// its latest snapshot, as far as raft has handed them to the FSM: after a
+// restart, the entries it replays count although fsm.db already held them.
+// (Since start, if the node has no snapshot.)
+func (f *FSM) BytesSinceSnapshot() uint64 { return f.seenBytes.Load() - f.snapBytes.Load() }
 
 // AppliedBytes is how many bytes of raft entries this node applied since
 // it started.
@@ -385,6 +391,14 @@ func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	last := logs[len(logs)-1]
+	var seen, fresh uint64
+	for _, l := range logs {
+		seen += uint64(len(l.Data))
+		if l.Index > f.applied.Load() {
+			fresh += uint64(len(l.Data))
+		}
+	}
+	f.seenBytes.Add(seen)
 	if last.Index <= f.applied.Load() {
 		return out
 	}
@@ -425,11 +439,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.applied.Store(logs[len(logs)-1].Index)
 	f.format.Store(int32(ev.format))
-	var bytes uint64
-	for _, l := range logs {
-		bytes += uint64(len(l.Data))
-	}
-	f.logBytes.Add(bytes)
+	f.logBytes.Add(fresh)
 	if ev.ConfigChanged {
 		f.cfgGen.Add(1)
 	}
@@ -556,7 +566,7 @@ func (f *FSM) nodeAddrs() map[string]NodeInfo {
 // Snapshot implements raft.FSM: it opens a read transaction, which bbolt
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.snapBytes.Store(f.logBytes.Load()) // raft calls this between applies
+	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
 	f.mu.RLock()
 	tx, err := f.db.Begin(false)
 	f.mu.RUnlock()
@@ -620,7 +630,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.nodesGen.Add(1)
-	f.snapBytes.Store(f.logBytes.Load())
+	f.snapBytes.Store(f.seenBytes.Load())
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)
 	if err := f.loadFormat(); err != nil {

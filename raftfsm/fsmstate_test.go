@@ -93,3 +93,46 @@ func TestFSMReopens(t *testing.T) {
 		t.Fatalf("after a power loss: applied index %d, %d nodes; want an empty state", got, n)
 	}
 }
+
+// The log bytes since the latest snapshot, which decide when the next one
+// is due, survive a restart: raft replays the entries after its snapshot,
+// and those fsm.db already holds count although they are skipped. Only
+// what is applied counts as applied bytes.
+func TestBytesSinceSnapshotCountsReplayedEntries(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fsm.db")
+	h := openAt(t, path)
+	var logs []*raft.Log
+	var total uint64
+	for i := range 5 {
+		l := &raft.Log{Index: uint64(i + 1), Term: 1, Type: raft.LogCommand, Data: setNode(string(rune('a' + i))).Encode()}
+		logs = append(logs, l)
+		total += uint64(len(l.Data))
+	}
+	h.f.ApplyBatch(logs[:2])
+	h.f.ApplyBatch(logs[2:4])
+	if got := h.f.BytesSinceSnapshot(); got != total-uint64(len(logs[4].Data)) {
+		t.Fatalf("before the restart: %d bytes since the snapshot, want %d", got, total-uint64(len(logs[4].Data)))
+	}
+	h.crash()
+
+	// No snapshot: raft replays from index 1, a batch all in the file, one
+	// partly, then a new entry.
+	h = openAt(t, path)
+	defer h.f.Close()
+	h.f.ApplyBatch(logs[:2])
+	h.f.ApplyBatch(logs[2:5])
+	if got := h.f.BytesSinceSnapshot(); got != total {
+		t.Fatalf("after the restart and replay: %d bytes since the snapshot, want %d (the whole log)", got, total)
+	}
+	if got, want := h.f.AppliedBytes(), uint64(len(logs[4].Data)); got != want {
+		t.Fatalf("applied bytes %d after the restart, want %d (only index 5 was applied)", got, want)
+	}
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if got := h.f.BytesSinceSnapshot(); got != 0 {
+		t.Fatalf("after a snapshot: %d bytes since it, want 0", got)
+	}
+}

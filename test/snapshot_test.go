@@ -250,3 +250,59 @@ func publishBatches(ctx context.Context, t *testing.T, n *tc.Node, topic string,
 		}
 	}
 }
+
+// The log a node holds past its latest snapshot still counts toward the
+// next one after a crash: raft replays it at start, and
+// mqd_raft_log_bytes_since_snapshot shows it again. So a node that
+// restarts more often than it writes half its state's size of log still
+// snapshots (it used to start counting from zero, and its log to grow).
+func TestSnapshotLogBytesSurviveRestart(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	n := c.Nodes()[0]
+	ctx := ctxFor(t, 120*time.Second)
+	const topic = "snap-restart"
+	mustTopic(t, n, topic, nil)
+	since := func() float64 {
+		t.Helper()
+		v, ok := metricValue(scrape(ctx, t, n), "mqd_raft_log_bytes_since_snapshot", nil)
+		if !ok {
+			t.Fatal("no mqd_raft_log_bytes_since_snapshot on /metrics")
+		}
+		return v
+	}
+	// 1.6 MiB of log in two entries: below the 2 MiB that makes a snapshot
+	// of a state under 4 MiB due.
+	publishBatches(ctx, t, n, topic, 2, 8<<10)
+	before := since()
+	if before < 1.5*(1<<20) {
+		t.Fatalf("%.0f bytes since the snapshot after 1.6 MiB of batches", before)
+	}
+	n.Kill()
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := since(); after < before {
+		t.Fatalf("after a crash and restart: %.0f bytes since the snapshot, want at least the %.0f before", after, before)
+	}
+	if ci, err := n.Cluster(ctx); err != nil || ci.LastSnapshotIndex != 0 {
+		t.Fatalf("a snapshot before 2 MiB of log: %+v %v", ci, err)
+	}
+	// 0.8 MiB more: 2.4 MiB since the start, and a snapshot follows.
+	publishBatches(ctx, t, n, topic, 1, 8<<10)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ci, err := n.Cluster(ctx)
+		if err == nil && ci.LastSnapshotIndex > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot 20 s after 2.4 MiB of log across a restart (%.0f bytes since by the gauge): %+v %v", since(), ci, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if v := since(); v >= 1<<20 {
+		t.Fatalf("after the snapshot: %.0f bytes since it", v)
+	}
+}
