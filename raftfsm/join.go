@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -59,11 +61,21 @@ func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
 	}
 	t := time.NewTicker(300 * time.Millisecond)
 	defer t.Stop()
+	start := time.Now()
+	var warned time.Time
 	for {
 		if n.recorded() {
+			if !warned.IsZero() {
+				n.logger.Info("address recorded in the cluster state", "after", time.Since(start).Round(time.Second))
+			}
 			return nil
 		}
-		n.formStep(ctx, client, peers, expect)
+		// Until its address is recorded no node forwards to this one or
+		// probes it: say why, a while after start and then and again.
+		if err := n.formStep(ctx, client, peers, expect); err != nil && time.Since(start) >= formWarnAfter && time.Since(warned) >= formWarnEvery {
+			n.logger.Warn("not in the cluster state yet: still trying", "waiting", time.Since(start).Round(time.Second), "err", err)
+			warned = time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -72,40 +84,57 @@ func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
 	}
 }
 
+// A node not recorded formWarnAfter after start says why, every
+// formWarnEvery.
+const (
+	formWarnAfter = 10 * time.Second
+	formWarnEvery = 30 * time.Second
+)
+
 func (n *Node) recorded() bool {
 	return n.FSM.Nodes()[n.cfg.ID] == n.Info()
 }
 
-func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string, expect int) {
+// formStep takes one step toward being recorded; its error says what
+// stands in the way.
+func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string, expect int) error {
 	if _, _, ok := n.Leader(); ok {
 		// In a cluster: ask the leader (through any node) to record us.
 		if n.IsLeader() {
-			return // the leader loop records itself
+			return errors.New("leading, and recording its own address") // the leader loop does
 		}
+		var errs []error
 		for _, p := range append([]string{n.cfg.HTTPAddr}, peers...) {
-			if n.postJoin(ctx, client, p, n.Info()) == nil {
-				return
+			err := n.postJoin(ctx, client, p, n.Info())
+			if err == nil {
+				return nil
 			}
+			errs = append(errs, err)
 		}
-		return
+		return errors.Join(errs...)
 	}
 	if n.Status().Bootstrapped || len(peers) == 0 {
-		return // waiting for an election
+		return errors.New("in a cluster, but no leader with a recorded address is known") // an election
 	}
 	found := []NodeInfo{n.Info()}
+	var errs []error
 	for _, p := range peers {
 		if p == n.cfg.HTTPAddr {
 			continue
 		}
 		st, err := n.getStatus(ctx, client, p)
-		if err != nil || st.ID == n.cfg.ID {
+		if err == nil && st.ID == n.cfg.ID {
+			err = fmt.Errorf("%s answers with this node's own id %q", p, st.ID)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("status of %s: %w", p, err))
 			continue
 		}
 		if st.Bootstrapped {
 			if err := n.postJoin(ctx, client, p, n.Info()); err != nil {
-				n.logger.Debug("join", "peer", p, "err", err)
+				return err
 			}
-			return
+			return nil
 		}
 		found = append(found, st.NodeInfo)
 	}
@@ -113,13 +142,19 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 		slices.SortFunc(found, func(a, b NodeInfo) int { return cmpStr(a.ID, b.ID) })
 		found = found[:expect]
 		if !slices.ContainsFunc(found, func(x NodeInfo) bool { return x.ID == n.cfg.ID }) {
-			return
+			return errors.New("waiting for the nodes with the lowest ids to bootstrap the cluster")
 		}
 		n.logger.Info("bootstrapping cluster", "servers", len(found))
 		if err := n.Bootstrap(found); err != nil {
 			n.logger.Error("bootstrap", "err", err)
+			return fmt.Errorf("bootstrap: %w", err)
 		}
+		return nil
 	}
+	if expect > 0 {
+		return fmt.Errorf("no cluster found through --join, and %d of --bootstrap-expect %d nodes answer: %w", len(found), expect, errors.Join(errs...))
+	}
+	return fmt.Errorf("no cluster found through --join: %w", errors.Join(errs...))
 }
 
 func cmpStr(a, b string) int {
@@ -145,7 +180,7 @@ func (n *Node) getStatus(ctx context.Context, c *http.Client, addr string) (Stat
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("status %d", resp.StatusCode)
+		return st, answerError(resp)
 	}
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
@@ -162,11 +197,18 @@ func (n *Node) postJoin(ctx context.Context, c *http.Client, addr string, info N
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
+	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("join via %s: status %d", addr, resp.StatusCode)
+		return fmt.Errorf("join via %s: %w", addr, answerError(resp))
 	}
 	return nil
+}
+
+// answerError describes a peer's error answer: its status and the start
+// of its body (the JSON error, which names the reason).
+func answerError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+	return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 }
 
 // nodeAuth adds the node token to a node-to-node request, if there is one.

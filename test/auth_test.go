@@ -458,3 +458,37 @@ func TestHUPWhileStarting(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A node started with a node token the cluster does not accept is never
+// added, and says why in its log instead of retrying in silence: after
+// about 10 s a warning names the refusal of its status calls.
+func TestJoinWithWrongNodeTokenWarns(t *testing.T) {
+	t.Parallel()
+	fx := authTokens(t, authRoles)
+	c := startAuthCluster(t, 1, fx, tc.WithNodeArgs(func(n *tc.Node) []string {
+		if n.ID() == "n2" {
+			return []string{"--node-token", "not-the-node-token"}
+		}
+		return nil
+	}))
+	ctx := ctxFor(t, 90*time.Second)
+	n2 := c.AddNode("n2")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(n2.LogPath())
+		if log := string(b); strings.Contains(log, "not in the cluster state yet") {
+			if !strings.Contains(log, "status 401") {
+				t.Fatalf("the warning does not name the refusal (status 401):\n%s", log)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning within 30 s from a node whose token the cluster refuses:\n%s", b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	ci, err := c.Node(0).Cluster(ctx)
+	if err != nil || len(ci.Nodes) != 1 {
+		t.Fatalf("the cluster after the refused join: %+v %v, want its one node", ci, err)
+	}
+}
