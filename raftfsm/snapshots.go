@@ -82,12 +82,11 @@ const trailingBytesFloor = 64 << 20
 // 1 MiB would keep 10 GiB of log on disk.
 func (n *Node) boundTrailingLogs() {
 	applied, last := n.FSM.AppliedIndex(), n.LastSnapshotIndex()
-	since := n.FSM.BytesSinceSnapshot()
-	keep := n.cfg.TrailingLogs
-	if applied > last && since > 0 {
-		mean := max(since/(applied-last), 1)
-		keep = min(keep, max(uint64(max(n.FSM.Size()/4, trailingBytesFloor))/mean, 1024))
+	var entries uint64
+	if applied > last {
+		entries = applied - last
 	}
+	keep := trailingKeep(n.cfg.TrailingLogs, uint64(n.FSM.Size()), n.FSM.BytesSinceSnapshot(), entries)
 	rc := n.Raft.ReloadableConfig()
 	if rc.TrailingLogs == keep {
 		return
@@ -96,6 +95,24 @@ func (n *Node) boundTrailingLogs() {
 	if err := n.Raft.ReloadConfig(rc); err != nil {
 		n.logger.Warn("setting raft's trailing logs", "entries", keep, "err", err)
 	}
+}
+
+// trailingEntriesFloor is the fewest entries a snapshot leaves behind it,
+// however large they are.
+const trailingEntriesFloor = 16
+
+// trailingKeep is how many entries to keep behind a snapshot: at most
+// trailing, and no more than fit in a quarter of the state's size (at
+// least trailingBytesFloor) at the mean size of the sinceEntries entries
+// (sinceBytes) applied since the last snapshot; never fewer than
+// trailingEntriesFloor (or trailing, if lower).
+func trailingKeep(trailing, stateSize, sinceBytes, sinceEntries uint64) uint64 {
+	if sinceEntries == 0 || sinceBytes == 0 {
+		return trailing
+	}
+	mean := max(sinceBytes/sinceEntries, 1)
+	fit := max(stateSize/4, trailingBytesFloor) / mean
+	return min(trailing, max(fit, trailingEntriesFloor))
 }
 
 // snapshotDue applies the policy above.

@@ -79,7 +79,7 @@ func parseFlags(args []string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("mqd", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), "Usage: mqd [serve] [flags]"); printFlags(fs.Output(), fs) }
-	fs.StringVar(&o.id, flagID, "", "node id, unique in the cluster (default: the raft address)")
+	fs.StringVar(&o.id, flagID, "", "node id, unique in the cluster (default: the raft advertise address)")
 	fs.StringVar(&o.dataDir, flagDataDir, "./mqd-data", "directory for the raft log, snapshots and state")
 	fs.StringVar(&o.httpAddr, flagHTTPAddr, "127.0.0.1:7070", "HTTP listen address (also advertised to peers)")
 	fs.StringVar(&o.raftAddr, flagRaftAddr, "127.0.0.1:7071", "Raft transport listen address")
