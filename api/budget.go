@@ -57,7 +57,9 @@ func (b *bodyBudget) admit(h *fasthttp.RequestHeader) (refused bool) {
 	if n < 0 { // chunked, or no length
 		n = maxBodyBytes
 	}
-	if n <= budgetFree {
+	if n <= budgetFree || n > maxBodyBytes {
+		// Small; or over the body limit, which fasthttp answers 413
+		// without reading it (a 503 would only invite a useless retry).
 		return false
 	}
 	for {

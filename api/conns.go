@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -73,11 +74,16 @@ const bodyMinRate = 1 << 20 // bytes per second
 // Fixed answers to a connection refused before any request is read: they
 // are written straight to the socket, so they cannot go through writeError.
 var (
-	rejectTotal = []byte("HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: 87\r\n\r\n" +
-		`{"error":{"code":"too_many_connections","message":"the node serves its most connections"}}` + "\n")
-	rejectPerIP = []byte("HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: 93\r\n\r\n" +
-		`{"error":{"code":"too_many_connections","message":"too many connections from your address"}}` + "\n")
+	rejectTotal = fixedAnswer("503 Service Unavailable", "the node serves its most connections")
+	rejectPerIP = fixedAnswer("429 Too Many Requests", "too many connections from your address")
 )
+
+// fixedAnswer is a whole HTTP answer with a too_many_connections error.
+func fixedAnswer(status, message string) []byte {
+	body := `{"error":{"code":"too_many_connections","message":"` + message + `"}}` + "\n"
+	return []byte("HTTP/1.1 " + status + "\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}
 
 // connLimiter wraps the HTTP listener: it counts open connections in total
 // and per client address, refuses those over the limits with a fixed JSON

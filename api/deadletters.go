@@ -124,18 +124,23 @@ func (s *Server) listDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	var letters []*dlq.Letter
 	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
 		var err error
-		letters, err = rd.DeadLetters(r.topic, r.group, after, int(limit), key)
+		// One more than the page: next_after only when there is a next.
+		letters, err = rd.DeadLetters(r.topic, r.group, after, int(limit)+1, key)
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	more := len(letters) > int(limit)
+	if more {
+		letters = letters[:limit]
 	}
 	out := make([]deadLetterJSON, 0, len(letters))
 	for _, lt := range letters {
 		out = append(out, letterJSON(lt))
 	}
 	var next any
-	if len(out) == int(limit) {
+	if more {
 		next = out[len(out)-1].ID
 	}
 	writeJSON(ctx, 200, map[string]any{"dead_letters": out, "next_after": next})

@@ -149,10 +149,10 @@ func TestTopicBodyPatch(t *testing.T) {
 		t.Fatalf("patch applied = %+v, want %+v", got, want)
 	}
 	for body, want := range map[string]error{
-		`{"partitions":0}`:           ErrBadRequest,
-		`{"partitions":-1}`:          ErrBadRequest,
-		`{"partitions":4294967297}`:  ErrBadRequest, // would wrap to 1 as uint32
-		`{"partitions":1025}`:        ErrBadRequest,
+		`{"partitions":0}`:           mlog.ErrInvalidConfig,
+		`{"partitions":-1}`:          mlog.ErrInvalidConfig,
+		`{"partitions":4294967297}`:  mlog.ErrInvalidConfig, // would wrap to 1 as uint32
+		`{"partitions":1025}`:        mlog.ErrInvalidConfig,
 		`{"max_retry":-1}`:           mlog.ErrInvalidConfig,
 		`{"ack_timeout_ms":-5}`:      mlog.ErrInvalidConfig,
 		`{"retention_ms":-1}`:        mlog.ErrInvalidConfig,

@@ -24,6 +24,7 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
 		if st := s.node.Clock(); st.Bad {
 			body["reason"] = st.Reason
 		}
+		ctx.Response.Header.Set("Retry-After", "1") // as every 503
 		writeJSON(ctx, 503, body)
 		return nil
 	}
@@ -75,7 +76,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		cn := clusterNode{Voter: sv.Suffrage == raft.Voter}
 		if info.ID == s.node.ID() {
 			cn.NodeInfo, cn.State = s.node.Info(), s.node.StateName()
-			cn.LastContactMs = s.node.LastContact().Milliseconds()
+			cn.LastContactMs = s.node.LastContactMs()
 			cn.AppliedIndex, cn.CommitIndex = out.AppliedIndex, out.CommitIndex
 			cn.StateFormatMax = raftfsm.StateFormat
 		} else {

@@ -145,7 +145,7 @@ func (s *Server) bodyTimeout(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
 	}
 	n := h.ContentLength()
-	if n < 0 {
+	if n < 0 || n > maxBodyBytes { // chunked; or refused unread (413)
 		n = maxBodyBytes
 	}
 	return fasthttp.RequestConfig{ReadTimeout: s.connLimits.ReadTimeout + time.Duration(n)*time.Second/bodyMinRate}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -33,8 +34,10 @@ func (b *topicBody) patch() (mlog.Patch, error) {
 		Overflow: b.Overflow, MaxMessageBytes: b.MaxMessageBytes,
 	}
 	if b.Partitions != nil {
-		if err := checkRange("partitions", *b.Partitions, 1, mlog.MaxPartitions); err != nil {
-			return p, err
+		if v := *b.Partitions; v < 1 || v > mlog.MaxPartitions {
+			// Checked here, before it is narrowed to uint32 (4294967297
+			// would wrap to 1); the same code as the other fields.
+			return p, fmt.Errorf("%w: partitions must be 1..%d, got %d", mlog.ErrInvalidConfig, mlog.MaxPartitions, v)
 		}
 		n := uint32(*b.Partitions)
 		p.Partitions = &n

@@ -192,9 +192,9 @@ func (n *Node) Peer(id string) PeerState {
 	return ps
 }
 
-// LastContact is, on a follower, the time since it last heard from the
-// leader; 0 on the leader.
-func (n *Node) LastContact() time.Duration {
+// LastContactMs is, on a follower, the milliseconds since it last heard
+// from the leader, -1 if it never did; 0 on the leader.
+func (n *Node) LastContactMs() int64 {
 	if n.IsLeader() {
 		return 0
 	}
@@ -202,7 +202,7 @@ func (n *Node) LastContact() time.Duration {
 	if lc.IsZero() {
 		return -1
 	}
-	return time.Since(lc)
+	return time.Since(lc).Milliseconds()
 }
 
 // StateName is this node's raft state: leader, follower, candidate or

@@ -491,4 +491,18 @@ func TestJoinWithWrongNodeTokenWarns(t *testing.T) {
 	if err != nil || len(ci.Nodes) != 1 {
 		t.Fatalf("the cluster after the refused join: %+v %v, want its one node", ci, err)
 	}
+	// It never heard from a leader (-1, not 0 as a leader says), and is not
+	// ready: 503 with Retry-After, as every 503.
+	nodeClient := tc.NewClient(10*time.Second, 2).WithToken(fx.secrets["node"])
+	r, err := nodeClient.Do(ctx, http.MethodGet, n2.URL()+"/v1/internal/status", nil, nil)
+	var st struct {
+		LastContactMs *int64 `json:"last_contact_ms"`
+	}
+	if err != nil || r.Status != 200 || r.JSON(&st) != nil || st.LastContactMs == nil || *st.LastContactMs != -1 {
+		t.Fatalf("status of the node that never joined: %v %v, want last_contact_ms -1", r, err)
+	}
+	r, err = n2.Do(ctx, http.MethodGet, "/readyz", nil, nil)
+	if err != nil || r.Status != 503 || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("/readyz of the node that never joined: %v %v, want 503 with Retry-After: 1", r, err)
+	}
 }

@@ -1331,6 +1331,10 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		}
 		after = *p.NextAfter
 	}
+	// A last page that is full: nothing follows, so next_after is null.
+	if p := rtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("limit=%d", len(all))); len(p.DeadLetters) != len(all) || p.NextAfter != nil {
+		t.Errorf("limit=%d (every letter): %d letters, next_after %v; want all and null", len(all), len(p.DeadLetters), p.NextAfter)
+	}
 	var allIDs []uint64
 	for _, l := range all {
 		allIDs = append(allIDs, l.ID)
