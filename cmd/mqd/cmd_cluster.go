@@ -56,7 +56,11 @@ func printCluster(c *cli, st *client.ClusterStatus) error {
 	fmt.Fprintln(w, "ID\tSTATE\tHTTP\tRAFT\tVOTER\tLAST CONTACT\tREADS FORMAT")
 	for _, n := range st.Nodes {
 		contact := "-"
-		if n.LastContactMs != nil {
+		switch {
+		case n.LastContactMs == nil:
+		case *n.LastContactMs < 0:
+			contact = "never"
+		default:
 			contact = fmt.Sprintf("%d ms", *n.LastContactMs)
 		}
 		reads := "-" // a binary older than formats, or not probed yet
