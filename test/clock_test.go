@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,39 +75,11 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 	for _, k := range []string{"k2", "k3", "k4"} {
 		mustPublish(t, leader, "skew", k, map[string]string{"Idempotency-Key": k})
 	}
-	// The leader hands off to a reachable node with a good clock if it
-	// has one: wait until it sees the paused one unreachable.
-	if _, err := waitView(wctx, leader, "the paused follower unreachable", func(ci tc.ClusterInfo) bool {
-		for _, x := range ci.Nodes {
-			if x.ID == other.ID() {
-				return x.State == "unreachable"
-			}
-		}
-		return false
-	}); err != nil {
-		t.Fatal(err)
-	}
-	elected := func() int {
-		b, _ := os.ReadFile(skewed.LogPath())
-		return strings.Count(string(b), "became leader")
-	}
-	before := elected()
-	if err := syscall.Kill(leader.PID(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	// The stopping leader hands off to the skewed node (the other one is
-	// paused). Resume the other once the skewed one was elected: with one
+	// The stopping leader hands off to the skewed node: the other one is
+	// paused (the leader hands off to a reachable node with a good clock
+	// if it has one) and resumes once the skewed one was elected: with one
 	// node paused and one skewed, no node can tell whose clock is wrong.
-	for elected() == before {
-		if wctx.Err() != nil {
-			t.Fatalf("the skewed node was never elected")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	other.Resume()
-	if _, err := leader.StopWithin(10 * time.Second); err != nil {
-		t.Errorf("graceful stop of the leader: %v", err)
-	}
+	handOffTo(wctx, t, leader, skewed, other, 10*time.Second)
 	leader.Restart()
 
 	// A leader other than the skewed node, serving.

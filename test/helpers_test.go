@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -229,5 +231,42 @@ func pollStats(ctx context.Context, n *tc.Node, topic string, ok func(tc.TopicSt
 			return last, fmt.Errorf("stats of %s via %s: condition not met: %v (last error %v; last stats %+v)", topic, n, ctx.Err(), lastErr, last)
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// handOffTo makes target the leader through a graceful stop of leader
+// while other, which the caller paused, leaves target the only member it
+// can hand off to: once leader sees other unreachable it gets SIGTERM;
+// other resumes when target was elected, and leader's exit is awaited
+// (within stop). The caller restarts leader.
+func handOffTo(ctx context.Context, t *testing.T, leader, target, other *tc.Node, stop time.Duration) {
+	t.Helper()
+	if _, err := waitView(ctx, leader, "the paused member unreachable", func(ci tc.ClusterInfo) bool {
+		for _, x := range ci.Nodes {
+			if x.ID == other.ID() {
+				return x.State == "unreachable"
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatal(err)
+	}
+	elected := func() int {
+		b, _ := os.ReadFile(target.LogPath())
+		return strings.Count(string(b), "became leader")
+	}
+	before := elected()
+	if err := syscall.Kill(leader.PID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for elected() == before {
+		if ctx.Err() != nil {
+			t.Fatalf("%s was never elected", target)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	other.Resume()
+	if _, err := leader.StopWithin(stop); err != nil {
+		t.Errorf("graceful stop of the leader %s: %v", leader, err)
 	}
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -185,34 +182,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 		}
 	}
 	other.Pause()
-	if _, err := waitView(ctx, newLeader, "the paused member unreachable", func(ci tc.ClusterInfo) bool {
-		for _, x := range ci.Nodes {
-			if x.ID == other.ID() {
-				return x.State == "unreachable"
-			}
-		}
-		return false
-	}); err != nil {
-		t.Fatal(err)
-	}
-	elected := func() int {
-		b, _ := os.ReadFile(oldNode.LogPath())
-		return strings.Count(string(b), "became leader")
-	}
-	was := elected()
-	if err := syscall.Kill(newLeader.PID(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	for elected() == was {
-		if ctx.Err() != nil {
-			t.Fatal("the old member was never elected")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	other.Resume()
-	if _, err := newLeader.StopWithin(15 * time.Second); err != nil {
-		t.Errorf("graceful stop of %s: %v", newLeader, err)
-	}
+	handOffTo(ctx, t, newLeader, oldNode, other, 15*time.Second)
 	newLeader.Restart()
 	if l := mustLeader(t, c); l != oldNode {
 		t.Fatalf("leader %s, want the old member %s", l, oldNode)
