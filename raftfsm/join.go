@@ -71,7 +71,7 @@ func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
 			return nil
 		}
 		// Until its address is recorded no node forwards to this one or
-		// probes it: say why, a while after start and then and again.
+		// probes it: say why, a while after start and every so often.
 		if err := n.formStep(ctx, client, peers, expect); err != nil && time.Since(start) >= formWarnAfter && time.Since(warned) >= formWarnEvery {
 			n.logger.Warn("not in the cluster state yet: still trying", "waiting", time.Since(start).Round(time.Second), "err", err)
 			warned = time.Now()
@@ -131,10 +131,7 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 			continue
 		}
 		if st.Bootstrapped {
-			if err := n.postJoin(ctx, client, p, n.Info()); err != nil {
-				return err
-			}
-			return nil
+			return n.postJoin(ctx, client, p, n.Info())
 		}
 		found = append(found, st.NodeInfo)
 	}
