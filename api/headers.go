@@ -36,10 +36,10 @@ func checkKey(name, v string) (string, error) {
 	return v, nil
 }
 
-// parseError answers a request fasthttp could not read. fasthttp's own
-// error texts can hold the raw header buffer (credentials included), so
-// each class gets a fixed message and the original never reaches the
-// client.
+// parseError answers a request fasthttp could not read, or whose body it
+// refused unread. fasthttp's own error texts can hold the raw header
+// buffer (credentials included), so each class gets a fixed message and
+// the original never reaches the client.
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	defer s.budget.release(&ctx.Request.Header)
 	var small *fasthttp.ErrSmallBuffer
@@ -57,6 +57,23 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 		err = fmt.Errorf("%w: malformed HTTP request", ErrBadRequest)
 	}
 	writeError(ctx, err)
+	// Counted and logged like a routed answer: under its route's pattern
+	// when the head is still there (a body refused unread), else as
+	// "unparsed". fasthttp resets the head of a request it failed to read
+	// (a bad head, a body cut short or late), so that raw headers remain
+	// only when it refused the body from the head.
+	id := requestID(ctx)
+	ctx.Response.Header.Set(RequestIDHeader, id)
+	r := &route{}
+	pattern := "unparsed"
+	if len(ctx.Request.Header.RawHeaders()) > 0 {
+		pattern = "unmatched"
+		if s.router.match(ctx.Method(), string(ctx.Path()), r) == nil {
+			pattern = r.def.Pattern
+		}
+	}
+	s.metrics.countRequest(pattern, ctx.Response.StatusCode())
+	s.logRequest(ctx, r, id, pattern, err, 0)
 }
 
 // fasthttpLogger routes fasthttp's own log lines through slog. With

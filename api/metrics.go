@@ -92,8 +92,14 @@ func (m *metrics) countReceipts(op string, statuses []string) {
 }
 
 func (m *metrics) observeRequest(route string, code int, d time.Duration) {
-	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.countRequest(route, code)
 	m.requestTime.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// countRequest counts an answer without timing it: one written before
+// routing, whose request's start fasthttp does not keep.
+func (m *metrics) countRequest(route string, code int) {
+	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 }
 
 // textFormat is the exposition /metrics answers in, whatever the

@@ -308,6 +308,9 @@ func checkRawAnswer(t *testing.T, name, answer string, closed, allowClose bool) 
 	if _, err := r.CheckError(); err != nil {
 		t.Errorf("%s: status %d: %v", name, resp.StatusCode, err)
 	}
+	if resp.Header.Get("Mq-Request-Id") == "" {
+		t.Errorf("%s: the answer carries no Mq-Request-Id: %q", name, shorten(answer))
+	}
 }
 
 // Requests cut short, stalled or malformed at the byte level: each is
@@ -436,6 +439,18 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 
 	// Nothing from the cut requests was stored: exactly the three publishes.
 	ctx := ctxFor(t, 15*time.Second)
+	// The answers written before routing are counted: under the route's
+	// pattern when the body was refused from the head, else as unparsed
+	// (two bodies cut short, four bad heads, one head too large).
+	fams := scrape(ctx, t, n)
+	for _, w := range []struct {
+		route, code string
+		min         float64
+	}{{"/v1/topics/{topic}/messages", "413", 3}, {"unparsed", "400", 6}, {"unparsed", "431", 1}} {
+		if v, _ := metricValue(fams, "mqd_http_requests_total", map[string]string{"route": w.route, "code": w.code}); v < w.min {
+			t.Errorf("mqd_http_requests_total{route=%q,code=%q} = %v, want at least %v", w.route, w.code, v, w.min)
+		}
+	}
 	if s, err := n.Stats(ctx, topic); err != nil {
 		t.Errorf("stats: %v", err)
 	} else if s.NextOffsets() != 3 {
