@@ -68,7 +68,7 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	pattern := "unparsed"
 	if len(ctx.Request.Header.RawHeaders()) > 0 {
 		pattern = "unmatched"
-		if s.router.match(ctx.Method(), string(ctx.Path()), r) == nil {
+		if s.router.match(ctx.Method(), string(ctx.URI().PathOriginal()), r) == nil {
 			pattern = r.def.Pattern
 		}
 	}

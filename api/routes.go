@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/mqd/mqd/auth"
@@ -200,7 +201,12 @@ func (n *node) child(seg string) *node {
 }
 
 // match finds the route for method and path, and fills the path's
-// parameters into r. A path no route has answers ErrNotFound; a path with
+// parameters into r. path is the request's path as sent, neither decoded
+// nor normalized: it is split at its slashes first and each segment is
+// percent-decoded after, so a name never spans segments and "." or ".."
+// is a name (refused by validate), not a step up the path: resolving
+// "a/../b" first would make "DELETE /v1/topics/x%2F..%2Forders" delete
+// topic orders. A path no route has answers ErrNotFound; a path with
 // routes but not for this method, ErrMethod.
 func (rt *router) match(method []byte, path string, r *route) error {
 	if path == "/v1/topics/" {
@@ -210,11 +216,19 @@ func (rt *router) match(method []byte, path string, r *route) error {
 	rest, ok := strings.CutPrefix(path, "/")
 	for ok {
 		if n.star != nil {
+			rest, err := url.PathUnescape(rest)
+			if err != nil {
+				return fmt.Errorf("%w: malformed percent-encoding in the path", ErrBadRequest)
+			}
 			n, r.rest = n.star, rest
 			break
 		}
 		var seg string
 		seg, rest, ok = strings.Cut(rest, "/")
+		seg, err := url.PathUnescape(seg)
+		if err != nil {
+			return fmt.Errorf("%w: malformed percent-encoding in the path", ErrBadRequest)
+		}
 		next := n.lit(seg)
 		if next == nil && n.param != nil {
 			next = n.param

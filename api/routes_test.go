@@ -59,6 +59,18 @@ func TestRouterMatch(t *testing.T) {
 		{method: "POST", path: "/v1/topics/a/b", err: ErrNotFound},
 		{method: "GET", path: "/debug/pprof", err: ErrNotFound},
 		{method: "GET", path: "/healthz/", err: ErrNotFound},
+		// The path as sent: split at its slashes, then each segment
+		// decoded, so no name spans segments and dot segments are names
+		// (validate refuses them) rather than steps up the path.
+		{method: "DELETE", path: "/v1/topics/x%2F..%2Fvictim", pattern: "/v1/topics/{topic}", topic: "x/../victim"},
+		{method: "DELETE", path: "/v1/topics/..", pattern: "/v1/topics/{topic}", topic: ".."},
+		{method: "PUT", path: "/v1/topics/.", pattern: "/v1/topics/{topic}", topic: "."},
+		{method: "DELETE", path: "/v1/topics/x/../victim", err: ErrNotFound},
+		{method: "GET", path: "/v1/topics/%74%31", pattern: "/v1/topics/{topic}", topic: "t1"},
+		{method: "GET", path: "/v1/%74opics/t1", pattern: "/v1/topics/{topic}", topic: "t1"},
+		{method: "GET", path: "/v1/topics/t%zz", err: ErrBadRequest},
+		{method: "DELETE", path: "/v1/cluster/nodes/x%2Fy", pattern: "/v1/cluster/nodes/{id}", id: "x/y"},
+		{method: "DELETE", path: "/v1/cluster/nodes/..", pattern: "/v1/cluster/nodes/{id}", id: ".."},
 	}
 	for _, c := range cases {
 		var r route

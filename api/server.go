@@ -175,7 +175,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	r := &route{}
 	err := s.admit(ctx)
 	if err == nil {
-		err = s.router.match(ctx.Method(), string(ctx.Path()), r)
+		err = s.router.match(ctx.Method(), string(ctx.URI().PathOriginal()), r)
 		if err != nil {
 			// No such route: that too is only for known callers.
 			if aerr := s.authenticate(ctx, r); aerr != nil {

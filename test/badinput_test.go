@@ -395,6 +395,43 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		}
 	}
 
+	// Names come from the path as sent: an encoded slash or a dot segment
+	// is a bad name or no route, never a step to another topic (deleting
+	// x%2F..%2Fvictim used to delete victim).
+	const victim = "bad-raw-victim"
+	mustTopic(t, leader, victim, nil)
+	for _, p := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"DELETE", "/v1/topics/x%2F..%2F" + victim, 400, "invalid_name"},
+		{"DELETE", "/v1/topics/x/../" + victim, 404, "not_found"},
+		{"DELETE", "/v1/topics/x/%2E%2E/" + victim, 404, "not_found"},
+		{"PUT", "/v1/topics/..", 400, "invalid_name"},
+		{"PUT", "/v1/topics/.", 400, "invalid_name"},
+		{"PUT", "/v1/topics/a%2Fb", 400, "invalid_name"},
+		{"GET", "/v1/topics/%zz", 400, "bad_request"},
+	} {
+		what := p.method + " " + p.path
+		ans, _ := rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
+			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", p.method, p.path)
+		})
+		resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(ans)), nil)
+		if err != nil {
+			t.Errorf("%s: unparsable answer %q: %v", what, shorten(ans), err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		code, err := (&tc.Response{Status: resp.StatusCode, Body: body}).CheckError()
+		if resp.StatusCode != p.status || code != p.code || err != nil {
+			t.Errorf("%s: %d %s (%v), want %d %s", what, resp.StatusCode, shorten(string(body)), err, p.status, p.code)
+		}
+	}
+	if r, err := n.Do(ctxFor(t, 10*time.Second), http.MethodGet, "/v1/topics/"+victim, nil, nil); err != nil || r.Status != http.StatusOK {
+		t.Errorf("topic %s after the dot-segment requests: %v %v, want it still there", victim, r, err)
+	}
+
 	// A slow body: 10 bytes, a 3 s stall, then the rest. Meanwhile other
 	// clients are served at once; the slow publish completes normally.
 	slowDone := make(chan string, 1)
