@@ -227,6 +227,34 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 }
 
 // batchBody is the JSON of POST .../messages:batch.
+// singleHeaders are the headers of a single publish that describe its
+// message; a batch gives each message these in its body instead.
+var singleHeaders = []string{"Idempotency-Key", "Mq-Partition-Key", "Mq-Delay-Ms", "Mq-Max-Retry", "Mq-Backoff-Base-Ms", "Mq-Backoff-Jitter-Ms"}
+
+// noSingleHeaders refuses a batch that carries a single publish's message
+// headers: ignored, an Idempotency-Key would let a retried batch store
+// every message twice.
+func noSingleHeaders(h *fasthttp.RequestHeader) error {
+	name := ""
+	for _, n := range singleHeaders {
+		if len(h.PeekAll(n)) > 0 {
+			name = n
+			break
+		}
+	}
+	if name == "" {
+		h.VisitAll(func(k, _ []byte) {
+			if _, ok := cutPrefixFold(string(k), "Mq-Attr-"); ok && name == "" {
+				name = "Mq-Attr-*"
+			}
+		})
+	}
+	if name == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is for a single publish; in a batch each message sets idempotency_key, partition_key, delay_ms, max_retry and attrs in the body", ErrBadHeader, name)
+}
+
 type batchBody struct {
 	Messages []batchMsg `json:"messages"`
 }
@@ -299,6 +327,9 @@ func (b *batchMsg) toMsg(i int) (pubMsg, error) {
 }
 
 func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
+	if err := noSingleHeaders(&ctx.Request.Header); err != nil {
+		return err
+	}
 	var b batchBody
 	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
 		return err

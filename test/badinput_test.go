@@ -162,6 +162,12 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 		{name: "batch bad JSON", method: "POST", path: pub + ":batch", body: `{"messages":[`, want: 400},
 		{name: "batch unknown field", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x","valu":"y"}]}`, want: 400},
 		{name: "batch 1001 messages", method: "POST", path: pub + ":batch", body: batch1001.String(), want: 413},
+		// a single publish's message headers on a batch: refused, not
+		// ignored (a retried batch would store every message twice)
+		{name: "batch with an Idempotency-Key header", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x"}]}`, hdr: map[string]string{"Idempotency-Key": "whole-batch"}, want: 400},
+		{name: "batch with an Mq-Attr header", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x"}]}`, hdr: map[string]string{"Mq-Attr-Color": "blue"}, want: 400},
+		{name: "batch with Mq-Delay-Ms -5", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x"}]}`, hdr: map[string]string{"Mq-Delay-Ms": "-5"}, want: 400},
+		{name: "batch with Mq-Backoff-Base-Ms", method: "POST", path: pub + ":batch", body: `{"messages":[{"value":"x"}]}`, hdr: map[string]string{"Mq-Backoff-Base-Ms": "10"}, want: 400},
 		// fetch
 		{name: "fetch bad JSON", method: "POST", path: fetch, body: `{"max":`, want: 400},
 		{name: "fetch unknown field", method: "POST", path: fetch, body: `{"maxx":1}`, want: 400},
