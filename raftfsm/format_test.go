@@ -239,3 +239,29 @@ func TestJoinFormatCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestJoinIDCheck(t *testing.T) {
+	servers := []raft.Server{{ID: "n1", Address: "h1:7071"}, {ID: "n2", Address: "h2:7071"}}
+	live := map[string]string{"n1": "h1:7071"} // n2 does not answer
+	liveFn := func(id string) (string, bool) { a, ok := live[id]; return a, ok }
+	cases := []struct {
+		name string
+		info NodeInfo
+		want error
+	}{
+		{"a new id", NodeInfo{ID: "n3", RaftAddr: "h3:7071"}, nil},
+		{"a member rejoining at its address", NodeInfo{ID: "n1", RaftAddr: "h1:7071"}, nil},
+		{"another node under a live member's id", NodeInfo{ID: "n1", RaftAddr: "h9:7071"}, ErrNodeIDInUse},
+		{"a member that does not answer, re-addressed", NodeInfo{ID: "n2", RaftAddr: "h8:7071"}, nil},
+	}
+	for _, c := range cases {
+		if err := joinIDCheck(servers, c.info, liveFn); !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	// The member itself, restarted on a new address: its answer names it.
+	live["n1"] = "h7:7071"
+	if err := joinIDCheck(servers, NodeInfo{ID: "n1", RaftAddr: "h7:7071"}, liveFn); err != nil {
+		t.Errorf("member re-addressed and answering from its new address: %v", err)
+	}
+}

@@ -427,12 +427,16 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 	if err := cf.Error(); err != nil {
 		return err
 	}
-	for _, s := range cf.Configuration().Servers {
+	servers := cf.Configuration().Servers
+	for _, s := range servers {
 		if string(s.ID) == info.ID && string(s.Address) == info.RaftAddr {
 			have = true
 		}
 	}
 	if !have {
+		if err := joinIDCheck(servers, info, n.liveRaftAddr); err != nil {
+			return err
+		}
 		// A binary that does not read the state's format would misread
 		// the snapshot it is about to be sent.
 		if err := n.checkJoiner(ctx, info); err != nil {

@@ -157,6 +157,49 @@ func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) 
 	n.clock.observe(id, v.offsetMs)
 }
 
+// ErrNodeIDInUse refuses a join under the id of a member that is still
+// running at another address.
+var ErrNodeIDInUse = refusal.New(409, "node_id_in_use", "node id in use")
+
+// joinIDCheck refuses to let info take over the id of a member recorded at
+// another raft address while that member still answers, by its latest
+// probe (live), from a raft address other than info's. A member that does
+// not answer may be re-addressed this way (moved to another host), and so
+// may one whose answer already names info's raft address (the same node,
+// restarted on a new address).
+func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raftAddr string, ok bool)) error {
+	for _, s := range servers {
+		if string(s.ID) != info.ID || string(s.Address) == info.RaftAddr {
+			continue
+		}
+		if addr, ok := live(info.ID); ok && addr != info.RaftAddr {
+			return fmt.Errorf("%w: %q is a member at raft address %s and answers there; start the new node with another --id, or remove that member first (mqd cluster remove)",
+				ErrNodeIDInUse, info.ID, s.Address)
+		}
+	}
+	return nil
+}
+
+// liveRaftAddr is the raft address member id reports about itself, if it
+// answered its latest probe (this node: its own). A member not probed yet
+// (a leader's first moments) counts as live at an unknown address, so
+// that a join under its id is refused until a probe tells.
+func (n *Node) liveRaftAddr(id string) (string, bool) {
+	if id == n.cfg.ID {
+		return n.Info().RaftAddr, true
+	}
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	v := n.peers.views[id]
+	if v == nil {
+		return "", true
+	}
+	if !v.answered(time.Now()) {
+		return "", false
+	}
+	return v.status.RaftAddr, true
+}
+
 // probeClock measures the clock offset to the member at addr, if it is one
 // (members holds the members' ids).
 func (n *Node) probeClock(ctx context.Context, client *http.Client, addr string, members map[string]bool) {

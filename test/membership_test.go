@@ -3,6 +3,8 @@ package test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -165,4 +167,61 @@ func TestClusterHealthAndReplace(t *testing.T) {
 		}
 	}
 	mustPublish(t, n4, "mem", "after", nil)
+}
+
+// A join under the id of a member that is running elsewhere is refused
+// (409 node_id_in_use, also through a follower) and the member keeps its
+// addresses; without the check the leader rewrote the member's address
+// to the newcomer's, leaving the configuration naming a node that is not
+// there while the real member went on as a follower.
+func TestJoinUnderLiveMemberIDRefused(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	ctx := ctxFor(t, 60*time.Second)
+	leader, followers := mustRoles(t, c)
+	if _, err := waitView(ctx, leader, "every member answering", func(ci tc.ClusterInfo) bool {
+		for _, n := range ci.Nodes {
+			if n.State != "leader" && n.State != "follower" {
+				return false
+			}
+		}
+		return len(ci.Nodes) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := ln.Addr().String()
+	ln.Close()
+	for _, j := range []struct{ via, taken *tc.Node }{{leader, followers[0]}, {followers[1], followers[0]}, {leader, leader}} {
+		info := map[string]string{"id": j.taken.ID(), "http_addr": other, "raft_addr": other}
+		r, err := j.via.Do(ctx, "POST", "/v1/internal/join", info, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, cerr := r.CheckError()
+		if r.Status != 409 || cerr != nil || code != "node_id_in_use" {
+			t.Fatalf("join under %s's id via %s: %d %s (%v), want 409 node_id_in_use", j.taken, j.via, r.Status, r.Body, cerr)
+		}
+	}
+	after, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := func(ci tc.ClusterInfo) map[string]string {
+		m := map[string]string{}
+		for _, n := range ci.Nodes {
+			m[n.ID] = n.HTTPAddr + " " + n.RaftAddr
+		}
+		return m
+	}
+	if !maps.Equal(addrs(before), addrs(after)) {
+		t.Fatalf("members' addresses changed by refused joins: before %v, after %v", addrs(before), addrs(after))
+	}
 }
