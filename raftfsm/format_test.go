@@ -265,3 +265,24 @@ func TestJoinIDCheck(t *testing.T) {
 		t.Errorf("member re-addressed and answering from its new address: %v", err)
 	}
 }
+
+func TestRemoveCheck(t *testing.T) {
+	one := []raft.Server{{ID: "solo", Suffrage: raft.Voter}}
+	two := []raft.Server{{ID: "a", Suffrage: raft.Voter}, {ID: "b", Suffrage: raft.Nonvoter}}
+	cases := []struct {
+		servers []raft.Server
+		id      string
+		want    error
+	}{
+		{one, "solo", ErrLastVoter},
+		{one, "other", ErrNodeNotFound},
+		{two, "a", ErrLastVoter},
+		{two, "b", nil},
+		{append(two, raft.Server{ID: "c", Suffrage: raft.Voter}), "a", nil},
+	}
+	for _, c := range cases {
+		if err := removeCheck(c.servers, c.id); !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+			t.Errorf("remove %s from %v: %v, want %v", c.id, c.servers, err, c.want)
+		}
+	}
+}

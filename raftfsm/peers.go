@@ -157,6 +157,30 @@ func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) 
 	n.clock.observe(id, v.offsetMs)
 }
 
+// ErrLastVoter refuses to remove the cluster's only voter: raft cannot
+// run without one, and no retry would help.
+var ErrLastVoter = refusal.New(409, "last_voter", "the only voter cannot be removed")
+
+// removeCheck decides whether member id may be removed from servers.
+func removeCheck(servers []raft.Server, id string) error {
+	found, voters := false, 0
+	for _, s := range servers {
+		found = found || string(s.ID) == id
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	if !found {
+		return fmt.Errorf("%w: %q is not a member", ErrNodeNotFound, id)
+	}
+	for _, s := range servers {
+		if string(s.ID) == id && s.Suffrage == raft.Voter && voters == 1 {
+			return fmt.Errorf("%w: %q is the cluster's only voter; add another node first, or stop this one", ErrLastVoter, id)
+		}
+	}
+	return nil
+}
+
 // ErrNodeIDInUse refuses a join under the id of a member that is still
 // running at another address.
 var ErrNodeIDInUse = refusal.New(409, "node_id_in_use", "node id in use")
@@ -271,12 +295,8 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	found := false
-	for _, s := range servers {
-		found = found || string(s.ID) == id
-	}
-	if !found {
-		return fmt.Errorf("%w: %q is not a member", ErrNodeNotFound, id)
+	if err := removeCheck(servers, id); err != nil {
+		return err
 	}
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {

@@ -225,3 +225,21 @@ func TestJoinUnderLiveMemberIDRefused(t *testing.T) {
 		t.Fatalf("members' addresses changed by refused joins: before %v, after %v", addrs(before), addrs(after))
 	}
 }
+
+// Removing the only voter is refused at once (409 last_voter), not retried
+// as a 503 no_quorum that no retry could cure, and the node carries on.
+func TestRemoveOnlyVoterRefused(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	ctx := ctxFor(t, 30*time.Second)
+	n := mustLeader(t, c)
+	r, err := n.Do(ctx, http.MethodDelete, "/v1/cluster/nodes/"+n.ID(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, cerr := r.CheckError(); r.Status != 409 || cerr != nil || code != "last_voter" {
+		t.Fatalf("removing the only voter: %d %s (%v), want 409 last_voter", r.Status, r.Body, cerr)
+	}
+	mustTopic(t, n, "after-remove", nil)
+	mustPublish(t, n, "after-remove", "still serving", nil)
+}
