@@ -22,7 +22,7 @@ var routeStatuses = map[string][]int{
 	"GET /v1/cluster":               {200},
 	"GET /v1/internal/status":       {200},
 	"POST /v1/internal/join":        {200, 409}, // state_format_unsupported
-	"DELETE /v1/cluster/nodes/{id}": {200, 404},
+	"DELETE /v1/cluster/nodes/{id}": {200, 404, 409},
 	"GET /v1/cluster/backup":        {200, 507}, // insufficient_storage: no room for the copy
 	"GET /v1/openapi.yaml":          {200},
 	"GET /debug/pprof/{profile}":    {200},
