@@ -307,6 +307,13 @@ func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *raftfsm.Co
 			cmd.Rands[i] = rand.Uint32()
 		}
 	}
+	if len(cmd.Receipts) == 0 {
+		// Nothing to propose, but an unknown topic is still a 404, as it
+		// is when a receipt parses (the FSM refuses the command).
+		if _, err := s.topicConfig(r.topic); err != nil {
+			return err
+		}
+	}
 	if len(cmd.Receipts) > 0 {
 		res, err := s.node.ApplyBatched(r.ctx, cmd)
 		if errors.Is(err, group.ErrGroupNotFound) {

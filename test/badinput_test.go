@@ -149,6 +149,10 @@ func testBadInput(t *testing.T, c *tc.Cluster) {
 		{name: "get unknown topic", method: "GET", path: topics + "nope", want: 404},
 		{name: "publish unknown topic", method: "POST", path: topics + "nope/messages", body: "x", want: 404},
 		{name: "fetch unknown topic", method: "POST", path: topics + "nope/groups/g/fetch", body: `{}`, want: 404},
+		// an unknown topic is a 404 whether or not the receipts parse
+		{name: "ack unknown topic, malformed receipt", method: "POST", path: topics + "nope/groups/g/ack", body: `{"receipts":["x"]}`, want: 404},
+		{name: "nack unknown topic, malformed receipt", method: "POST", path: topics + "nope/groups/g/nack", body: `{"receipts":["x"]}`, want: 404},
+		{name: "extend unknown topic, malformed receipt", method: "POST", path: topics + "nope/groups/g/extend", body: `{"receipts":["x"],"lease_ms":1000}`, want: 404},
 		{name: "unknown route", method: "GET", path: "/v1/nope", want: 404},
 		{name: "wrong method", method: "PATCH", path: topics + "bad"},
 		// publish
