@@ -107,7 +107,12 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 		Producer: prod.id, Seq: prod.seq}
 	bodySize := 0
 	for i, m := range msgs {
-		if err := cfg.CheckSize(len(m.msg.Value)); err != nil {
+		// A message that may be a repeat (a key within the dedup window, a
+		// producer sequence) is sized by the FSM, after it looked for the
+		// original: a retry must find its original even if the topic's
+		// max_message_bytes was lowered since.
+		repeatable := prod.id != "" || (m.msg.IdempotencyKey != "" && cfg.DedupWindowMs > 0)
+		if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !repeatable {
 			return nil, err
 		}
 		bodySize += len(m.msg.Value)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -283,6 +284,33 @@ func TestRemoveCheck(t *testing.T) {
 	for _, c := range cases {
 		if err := removeCheck(c.servers, c.id); !errors.Is(err, c.want) || (c.want == nil && err != nil) {
 			t.Errorf("remove %s from %v: %v, want %v", c.id, c.servers, err, c.want)
+		}
+	}
+}
+
+// A repeat over a max_message_bytes lowered since its original is a
+// duplicate from state format 2; in format 1 the size is checked first,
+// as binaries before format 2 do, so that replicas of both agree: a batch
+// holding such a repeat and a new message is refused whole in format 1,
+// and stores the new message in format 2.
+func TestRepeatOverLoweredMaxByFormat(t *testing.T) {
+	for _, format := range []int{1, 2} {
+		h := mustFSM(t)
+		if format > 1 {
+			h.must(&Command{Op: OpSetFormat, Now: 1, Format: uint32(format)})
+		}
+		h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(5))}})
+		first := h.must(&Command{Op: OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd")}}).Published[0]
+		h.must(&Command{Op: OpPutTopic, Now: 3, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(2))}})
+		r := h.apply(&Command{Op: OpPublish, Now: 4, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd"), keyed(0, "N", "ab")}})
+		switch {
+		case format == 1 && !errors.Is(r.Err, mlog.ErrTooLarge):
+			t.Errorf("format 1: %+v %v, want message_too_large", r.Published, r.Err)
+		case format == 2 && (r.Err != nil || len(r.Published) != 2 || !r.Published[0].Duplicate || r.Published[0].Offset != first.Offset || r.Published[1].Duplicate):
+			t.Errorf("format 2: %+v %v, want the repeat a duplicate of %+v and the new message stored", r.Published, r.Err, first)
+		}
+		if r := h.apply(&Command{Op: OpPublish, Now: 5, Topic: "t", Msgs: []mlog.Placed{keyed(0, "M", "abcd")}}); !errors.Is(r.Err, mlog.ErrTooLarge) {
+			t.Errorf("format %d: a new message over the max: %v, want message_too_large", format, r.Err)
 		}
 	}
 }

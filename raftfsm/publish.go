@@ -79,9 +79,16 @@ func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 	firstInBatch := map[string]int{}
 	fresh := make([]bool, len(c.Msgs))
 	var n, size uint64
+	// From state format 2 a repeat is answered as one even if it is over
+	// the topic's max_message_bytes (lowered since the original was
+	// stored); format 1 checked the size first, and a replica must decide
+	// as the others do.
+	sizeFirst := ev.format < 2
 	for i, m := range c.Msgs {
-		if err := l.CheckSize(len(m.Msg.Value)); err != nil {
-			return nil, err
+		if sizeFirst {
+			if err := l.CheckSize(len(m.Msg.Value)); err != nil {
+				return nil, err
+			}
 		}
 		if k := m.Msg.IdempotencyKey; k != "" && window > 0 {
 			if v, ok := ix.Get([]byte(k), c.Now); ok {
@@ -96,6 +103,11 @@ func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 				continue // placed below, once the first is stored
 			}
 			firstInBatch[k] = i
+		}
+		if !sizeFirst {
+			if err := l.CheckSize(len(m.Msg.Value)); err != nil {
+				return nil, err
+			}
 		}
 		fresh[i] = true
 		n++

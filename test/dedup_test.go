@@ -37,6 +37,49 @@ func TestDedup(t *testing.T) {
 	t.Run("GroupAckedKeySkipped", func(t *testing.T) { t.Parallel(); testDedupGroupAckedSkipped(t, c) })
 	t.Run("GroupSameKeyHeld", func(t *testing.T) { t.Parallel(); testDedupGroupHeld(t, c) })
 	t.Run("GroupDLQReplaySkipped", func(t *testing.T) { t.Parallel(); testDedupGroupDLQReplay(t, c) })
+	t.Run("RepeatOverLoweredMax", func(t *testing.T) { t.Parallel(); testDedupRepeatOverLoweredMax(t, c) })
+}
+
+// A retry finds its original even after the topic's max_message_bytes was
+// lowered below its size (by key, single and in a batch, and by producer
+// sequence); a new message of that size is refused 413 (a client told
+// 413 would take the stored original for never stored).
+func testDedupRepeatOverLoweredMax(t *testing.T, c *tc.Cluster) {
+	leader, _ := mustRoles(t, c)
+	ctx := ctxFor(t, 30*time.Second)
+	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	const topic = "dedup-lowered-max"
+	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 5})
+	n := c.Live()[len(c.Live())-1]
+	first := mustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"})
+	prod := mustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"})
+	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 2})
+	if again := mustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"}); !again.Duplicate || again.Offset != first.Offset || again.Partition != first.Partition {
+		t.Errorf("repeat of K over the lowered max: %+v, want a duplicate of %+v", again, first)
+	}
+	if again := mustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"}); !again.Duplicate || again.Offset != prod.Offset {
+		t.Errorf("repeat of producer seq 0 over the lowered max: %+v, want a duplicate of %+v", again, prod)
+	}
+	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", map[string]any{"messages": []map[string]any{{"value": "abcd", "idempotency_key": "K"}}}, nil)
+	if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"duplicate":true`) {
+		t.Errorf("batch repeat of K over the lowered max: %v %v, want 200 duplicate", r, err)
+	}
+	for _, hdr := range []map[string]string{{"Idempotency-Key": "new"}, nil, {"Mq-Producer-Id": "p", "Mq-Producer-Seq": "1"}} {
+		_, r, err := n.Publish(ctx, topic, []byte("abcd"), hdr)
+		if code := ""; r != nil {
+			code, _ = r.CheckError()
+			if r.Status != http.StatusRequestEntityTooLarge || code != "message_too_large" {
+				t.Errorf("new message over the lowered max (%v): %d %s, want 413 message_too_large", hdr, r.Status, r.Body)
+			}
+		} else {
+			t.Errorf("new message over the lowered max (%v): %v", hdr, err)
+		}
+	}
+	if s, err := n.Stats(ctx, topic); err != nil || s.NextOffsets() != 2 {
+		t.Errorf("%s: %v messages (%v), want the 2 originals only", topic, s.NextOffsets(), err)
+	}
 }
 
 func TestDedupFailover(t *testing.T) {
