@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/mqd/mqd/auth"
 	"github.com/valyala/fasthttp"
@@ -23,7 +24,10 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx, r *route) error {
 		return nil
 	}
 	if s.opts.Auth == nil {
-		if p.Has(PermCluster) && s.opts.TLS != nil {
+		// Open, as everything is without tokens; but with TLS only a
+		// node of the cluster may join or probe, so that a process
+		// without the cluster's certificates cannot become a member.
+		if nodeRoute(r.def) && s.opts.TLS != nil {
 			return fmt.Errorf("%w: node-to-node routes need a client certificate signed by the cluster's CA", ErrUnauthenticated)
 		}
 		return nil
@@ -41,6 +45,13 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w: token %q lacks %s", ErrForbidden, r.id.Name(), describePerm(p, r))
 	}
 	return nil
+}
+
+// nodeRoute reports whether d is one of the routes nodes call on each
+// other (/v1/internal/...), as opposed to the cluster routes operators
+// call (node removal, backup).
+func nodeRoute(d *Route) bool {
+	return d.Perm.Has(PermCluster) && strings.HasPrefix(d.Pattern, "/v1/internal/")
 }
 
 // authenticate finds the caller's token (when auth is on) and sets r.id.

@@ -135,6 +135,16 @@ func TestTLSForeignCA(t *testing.T) {
 		}
 		expectError(t, p+" without a certificate", r, 401, "unauthenticated")
 	}
+	// The cluster routes operators call are open without --auth-file, as
+	// everything else is: node removal and backup need no certificate.
+	if r, err := anon.Do(ctxFor(t, 10*time.Second), "DELETE", l.URL()+"/v1/cluster/nodes/nope", nil, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		expectError(t, "node removal without a certificate", r, 404, "node_not_found")
+	}
+	if r, err := anon.Do(ctxFor(t, 10*time.Second), "GET", l.URL()+"/v1/cluster/backup", nil, nil); err != nil || r.Status != 200 {
+		t.Fatalf("backup without a certificate: %v %v, want 200", r, err)
+	}
 	// Raft: a foreign certificate gets no connection.
 	if err := raftHandshake(l.RaftAddr(), ca.Pool(), &foreign); err == nil {
 		t.Fatal("raft accepted a certificate of another CA")
