@@ -168,10 +168,20 @@ func (g *diskGuard) refresh(now time.Time) {
 }
 
 // CheckDisk answers ErrInsufficientStorage while the data dir's
-// filesystem has less free space than --min-free-disk. Writes that add
-// data (publish, topic creation, replay) call it with about the bytes they
-// add; consumption does not.
-func (n *Node) CheckDisk(size int) error { return n.disk.check(size) }
+// filesystem has less free space than --min-free-disk, here or, by its
+// latest probe answer, on another member (every member stores what the
+// leader commits). Writes that add data (publish, topic creation, replay)
+// call it on the leader with about the bytes they add; consumption does
+// not.
+func (n *Node) CheckDisk(size int) error {
+	if err := n.disk.check(size); err != nil {
+		return err
+	}
+	if id, _ := n.lowMember.Load().(string); id != "" {
+		return fmt.Errorf("%w: member %s has less free space on its data dir than its --min-free-disk; consumption still works", ErrInsufficientStorage, id)
+	}
+	return nil
+}
 
 func (g *diskGuard) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
@@ -180,7 +190,7 @@ func (g *diskGuard) collectors() []prometheus.Collector {
 			func() float64 { _ = g.check(0); return float64(g.free.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_disk_min_free_bytes",
 			Help: "--min-free-disk in bytes: under it, writes that add data answer 507."},
-			func() float64 { return float64(g.need.Load()) }),
+			func() float64 { _ = g.check(0); return float64(g.need.Load()) }),
 	}
 }
 

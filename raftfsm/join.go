@@ -29,6 +29,9 @@ type Status struct {
 	// applied it. A binary older than formats sends neither: 0.
 	StateFormatMax int `json:"state_format_max"`
 	StateFormat    int `json:"state_format"`
+	// DiskLow: the node's data dir has less free space than its
+	// --min-free-disk; the leader then refuses writes that add data.
+	DiskLow bool `json:"disk_low"`
 }
 
 // Status reports this node's membership state.
@@ -37,7 +40,8 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
-		NowMs: Now().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat()}
+		NowMs: Now().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
+		DiskLow: n.disk.check(0) != nil}
 }
 
 // Form brings the node into a cluster and returns when its address is

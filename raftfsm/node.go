@@ -84,6 +84,7 @@ type Node struct {
 	disk      *diskGuard
 	clock     *clock
 	peers     peers
+	lowMember atomic.Value // string: a member whose latest probe answer says disk_low, or ""
 	handoff   atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
 	inflight  atomic.Int64 // proposals between enter and leave
 	joinPeers atomic.Value // []string: Form's --join addresses, for clock probes

@@ -120,12 +120,24 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 	}
 	wg.Wait()
 	n.peers.mu.Lock()
-	for id := range n.peers.views {
-		if !keep[id] {
+	low := ""
+	now := time.Now()
+	for id, v := range n.peers.views {
+		switch {
+		case !keep[id]:
 			delete(n.peers.views, id)
+		case v.answered(now) && v.status.DiskLow && low == "":
+			low = id
 		}
 	}
 	n.peers.mu.Unlock()
+	if was, _ := n.lowMember.Swap(low).(string); was != low && n.IsLeader() {
+		if low != "" {
+			n.logger.Warn("a member is low on disk: refusing writes that add data (507)", "member", low)
+		} else if was != "" {
+			n.logger.Info("no member low on disk any more: accepting writes", "member", was)
+		}
+	}
 }
 
 func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) {

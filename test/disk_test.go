@@ -260,3 +260,57 @@ func TestDiskFillsUp(t *testing.T) {
 		t.Fatalf("node exited with the disk full")
 	}
 }
+
+// A follower under its --min-free-disk stops the cluster's writes that add
+// data (507, naming it) through the leader, which learns it from the
+// follower's status: every member stores what the leader commits, and the
+// leader used to keep accepting until the follower's disk filled and it
+// stopped. Consumption goes on; once the follower has room, writes resume.
+func TestFollowerDiskLowRefusesWrites(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3)
+	ctx := ctxFor(t, 90*time.Second)
+	leader, followers := mustRoles(t, c)
+	mustTopic(t, leader, "fdisk", nil)
+	mustPublish(t, leader, "fdisk", "before", nil)
+	f := followers[0]
+	orig := f.Args()
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.SetArgs(append(append([]string(nil), orig...), "--min-free-disk", "99%"))
+	f.Restart()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/fdisk/messages", "while-low", nil)
+		if err == nil && r.Status == 507 {
+			if code, _ := r.CheckError(); code != "insufficient_storage" || !strings.Contains(string(r.Body), f.ID()) {
+				t.Fatalf("publish with %s low on disk: %d %s, want 507 insufficient_storage naming it", f, r.Status, r.Body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish with %s under --min-free-disk: %v %v, want 507 within 30 s", f, r, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if msgs, _, err := leader.Fetch(ctx, "fdisk", "g", tc.FetchRequest{Max: 100}); err != nil || len(msgs) == 0 {
+		t.Fatalf("fetch with a follower low on disk: %d messages, %v", len(msgs), err)
+	}
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.SetArgs(orig)
+	f.Restart()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/fdisk/messages", "after", nil)
+		if err == nil && r.Status == 201 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish after %s has room again: %v %v, want 201 within 30 s", f, r, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
