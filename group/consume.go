@@ -35,7 +35,7 @@ const maxScan = 4096
 // set, each delivery carries its message (Delivery.Msg): the node whose
 // client waits for the answer asks for them, the others need not.
 func (g *Group) Lease(now, leaseMs int64, max int, idx uint64, msgs bool) ([]Delivery, error) {
-	lz := &leaser{g: g, now: now, until: now + leaseMs, idx: idx, max: max, msgs: msgs}
+	lz := &leaser{g: g, now: now, until: now + leaseMs, idx: idx, max: max, maxBytes: g.leaseBytes, msgs: msgs}
 	if err := lz.dueRedeliveries(); err != nil {
 		return nil, err
 	}
@@ -53,6 +53,8 @@ type leaser struct {
 	now, until int64
 	idx        uint64
 	max        int
+	maxBytes   int  // stop once the leased messages' records hold this many bytes (0: no bound)
+	bytes      int  // the leased messages' record bytes so far
 	msgs       bool // read each candidate whole and hand the leased ones out
 	scanned    int
 	out        []Delivery
@@ -60,7 +62,9 @@ type leaser struct {
 	scans      map[uint32]*mlog.Scanner
 }
 
-func (lz *leaser) full() bool { return len(lz.out) >= lz.max || lz.scanned >= maxScan }
+func (lz *leaser) full() bool {
+	return len(lz.out) >= lz.max || lz.scanned >= maxScan || (lz.maxBytes > 0 && lz.bytes >= lz.maxBytes)
+}
 
 func (lz *leaser) dueRedeliveries() error {
 	g := lz.g
@@ -147,10 +151,12 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 	if err != nil {
 		return err
 	}
-	deliverAt, key, ok, m, err := lz.read(lz.scanner(part), off)
+	sc := lz.scanner(part)
+	deliverAt, key, ok, m, err := lz.read(sc, off)
 	if err != nil {
 		return err
 	}
+	size := sc.LastSize() // the record's bytes: the same on every replica, messages read whole or not
 	set := func(r record) error {
 		if old != nil {
 			return g.replace(p, off, *old, r)
@@ -194,6 +200,7 @@ func (lz *leaser) offer(p uint32, off uint64, old *record) error {
 		}
 	}
 	lz.out = append(lz.out, d)
+	lz.bytes += size
 	return nil
 }
 

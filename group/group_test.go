@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"testing"
 
@@ -1041,5 +1042,57 @@ func TestRecordCodec(t *testing.T) {
 	k := expiryKey(1234, 5, 6, "topic", "grp")
 	if binary.BigEndian.Uint64(k) != 1234 || string(k[20:]) != "topic\x00grp" {
 		t.Fatalf("expiry key = %x", k)
+	}
+}
+
+// A lease bounded in bytes stops once its messages' records reach the
+// bound, leasing the first whatever its size, and the next lease goes on
+// from where it stopped (nothing passed over is lost): first new
+// messages, then a redelivery.
+func TestLeaseBytes(t *testing.T) {
+	db := mustDB(t)
+	mustTopic(t, db, "t", 1)
+	mustPublish(t, db, "t", 0, 10, 1)
+	leaseBounded := func(bound int, now int64, idx uint64) []Delivery {
+		var ds []Delivery
+		withGroup(t, db, "t", "g", func(g *Group) error {
+			g.LimitLeaseBytes(bound)
+			var err error
+			ds, err = g.Lease(now, 30000, 10, idx, false)
+			return err
+		})
+		return ds
+	}
+	var got []uint64
+	for i := range 3 {
+		ds := leaseBounded(1, 10, uint64(10+i))
+		if len(ds) != 1 {
+			t.Fatalf("lease %d bounded to 1 byte: %d deliveries, want 1", i, len(ds))
+		}
+		got = append(got, ds[0].Offset)
+	}
+	if !slices.Equal(got, []uint64{0, 1, 2}) {
+		t.Fatalf("bounded leases took offsets %v, want 0, 1, 2", got)
+	}
+	// Unbounded (as before format 2): the other 7 at once.
+	if ds := leaseBounded(0, 10, 20); len(ds) != 7 {
+		t.Fatalf("unbounded lease: %d deliveries, want 7", len(ds))
+	}
+	// A nacked message comes back alone under the bound.
+	var first Delivery
+	withGroup(t, db, "t", "g", func(g *Group) error {
+		st, err := nack(g, 11, 21, 0, Receipt{Partition: 0, Offset: 0, Delivery: 10})
+		if err == nil && st[0] != StatusOK {
+			t.Fatalf("nack: %v", st)
+		}
+		return err
+	})
+	ds := leaseBounded(1, 12, 22)
+	if len(ds) != 1 {
+		t.Fatalf("bounded lease of a redelivery: %d deliveries, want 1", len(ds))
+	}
+	first = ds[0]
+	if first.Offset != 0 || first.RetryCount != 1 {
+		t.Fatalf("bounded lease of a redelivery: %+v, want offset 0 with retry 1", first)
 	}
 }

@@ -130,6 +130,9 @@ type Group struct {
 	// range (span.go) rather than one record per message.
 	spans     bool
 	spanCache []*span // spans loaded or created in this transaction
+	// leaseBytes: a lease stops once its messages' records hold this many
+	// bytes (0: no bound).
+	leaseBytes int
 }
 
 // UseSpans makes the group's leases of new keyless messages write one
@@ -137,6 +140,12 @@ type Group struct {
 // The node calls it once every member of the cluster reads range records
 // (the replicated state format; an older binary would read them as acked).
 func (g *Group) UseSpans() { g.spans = true }
+
+// LimitLeaseBytes makes a lease stop adding messages once the records of
+// those it leased hold n bytes or more; the first message is leased
+// whatever its size. Like UseSpans, every replica must apply the same
+// bound, so the node sets it from the replicated state format.
+func (g *Group) LimitLeaseBytes(n int) { g.leaseBytes = n }
 
 // Open returns a group, creating it (cursors at each partition's head) when
 // create is set; otherwise a missing group is ErrGroupNotFound.

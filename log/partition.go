@@ -212,6 +212,7 @@ type Scanner struct {
 	c    *bolt.Cursor
 	next uint64 // with on: the offset of the cursor's next key, if present
 	on   bool   // the cursor is on the key of offset next-1
+	last int    // the size of the record read last (0: none)
 }
 
 // Scanner returns a Scanner of the partition.
@@ -225,12 +226,16 @@ func (s *Scanner) raw(off uint64) []byte {
 		k, v = s.c.Seek(U64Key(off))
 	}
 	if len(k) != 8 || binary.BigEndian.Uint64(k) != off {
-		s.on = false
+		s.on, s.last = false, 0
 		return nil
 	}
-	s.on, s.next = true, off+1
+	s.on, s.next, s.last = true, off+1, len(v)
 	return v
 }
+
+// LastSize is the size in bytes of the stored record read last (its
+// value and head), 0 if that offset held no message.
+func (s *Scanner) LastSize() int { return s.last }
 
 // Head is Partition.Head, read through the scanner.
 func (s *Scanner) Head(off uint64) (deliverAt int64, key string, ok bool, err error) {

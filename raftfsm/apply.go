@@ -90,8 +90,9 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error
 	if err != nil {
 		return nil, err
 	}
-	if ev.format >= 2 { // every member reads range records
+	if ev.format >= 2 { // every member reads range records, and bounds leases in bytes
 		useSpans(g)
+		g.LimitLeaseBytes(LeaseMaxBytes)
 	}
 	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx, ev.leaseMsgs)
 	return &Result{Deliveries: ds}, err

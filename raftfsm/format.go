@@ -105,6 +105,13 @@ func (n *Node) checkJoiner(ctx context.Context, info NodeInfo) error {
 	return joinFormatCheck(cur, info, st, err)
 }
 
+// LeaseMaxBytes bounds a lease (a fetch's answer) from state format 2: it
+// stops adding messages once their stored records hold this many bytes,
+// so a fetch of up to 1000 messages of up to 16 MiB cannot make the
+// leader copy and encode gigabytes for one answer. The first message is
+// leased whatever its size.
+const LeaseMaxBytes = 8 << 20
+
 // useSpans switches a group to range lease records; a variable so that
 // tests see which leases were applied with it.
 var useSpans = (*group.Group).UseSpans

@@ -314,3 +314,22 @@ func TestRepeatOverLoweredMaxByFormat(t *testing.T) {
 		}
 	}
 }
+
+// From state format 2 a lease stops once its messages' records hold
+// LeaseMaxBytes (the first whatever its size); in format 1 it leases up to
+// Max, as binaries before format 2 do, so that replicas of both agree.
+func TestLeaseMaxBytesByFormat(t *testing.T) {
+	big := strings.Repeat("x", LeaseMaxBytes/2+1)
+	for _, format := range []int{1, 2} {
+		h := mustFSM(t)
+		if format > 1 {
+			h.must(&Command{Op: OpSetFormat, Now: 1, Format: uint32(format)})
+		}
+		h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(16 << 20))}})
+		h.must(&Command{Op: OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{msg(big), msg(big), msg(big)}})
+		want := map[int]int{1: 3, 2: 2}[format]
+		if r := h.must(&Command{Op: OpLease, Now: 3, Topic: "t", Group: "g", Max: 10, LeaseMs: 30000}); len(r.Deliveries) != want {
+			t.Errorf("format %d: a lease of three %d-byte messages took %d, want %d", format, len(big), len(r.Deliveries), want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,4 +133,34 @@ func TestLargeBodiesBoundedMemory(t *testing.T) {
 		t.Errorf("stored %d messages (%v), want %d", s.Messages, err, clients)
 	}
 	mustPublish(t, n, "big", "small after the flood", nil)
+}
+
+// A fetch's answer is bounded in bytes: with messages of 5 MiB, a fetch of
+// up to 10 gets two (the lease stops once it holds 8 MiB), the next the
+// last one; before the bound one answer held all of them (up to 1000
+// messages of up to 16 MiB: gigabytes for the leader to copy and encode).
+func TestFetchAnswerBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	ctx := ctxFor(t, 60*time.Second)
+	if _, err := waitView(ctx, n, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
+	big := strings.Repeat("m", 5<<20)
+	for range 3 {
+		mustPublish(t, n, "big", big, nil)
+	}
+	var counts []int
+	for range 2 {
+		msgs, _, err := n.Fetch(ctx, "big", "g", tc.FetchRequest{Max: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts = append(counts, len(msgs))
+	}
+	if !slices.Equal(counts, []int{2, 1}) {
+		t.Fatalf("two fetches of up to 10 messages of 5 MiB took %v, want [2 1]", counts)
+	}
 }
