@@ -91,6 +91,9 @@ func TestCLI(t *testing.T) {
 		mustContain(t, "create", ok(t, srv, "", "topic", "create", "orders", "--partitions", "3"), "created topic orders (3 partitions)")
 		mustContain(t, "update", ok(t, srv, "", "topic", "create", "orders", "--config", `{"max_retry":2}`), "updated topic orders")
 		fails(t, srv, 1, "partitions_shrink", "topic", "create", "orders", "--partitions", "1")
+		// An explicit 0 is sent and refused like any out-of-range count.
+		fails(t, srv, 1, "invalid_config", "topic", "create", "zero", "--partitions", "0")
+		fails(t, srv, 1, "topic_not_found", "topic", "info", "zero")
 		fails(t, srv, 1, "max_retyr", "topic", "create", "orders", "--config", `{"max_retyr":2}`)
 		fails(t, srv, 2, "--config", "topic", "create", "orders", "--config", `[1]`)
 		fails(t, srv, 1, "invalid_name", "topic", "create", "x!y")

@@ -259,6 +259,15 @@ func marshalLine(v any) []byte {
 	return b
 }
 
+// isSet reports whether the command line gave flag name, whatever its
+// value: a flag whose zero value means "not given" must still send an
+// explicit 0 (the server then refuses it if it is out of range).
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func needArgs(args []string, n int, names string) error {
 	if len(args) != n {
 		return usageErr("want %s, got %d argument(s)", names, len(args))

@@ -5,7 +5,10 @@ import (
 	"context"
 	"flag"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -73,5 +76,67 @@ func TestHoistClientFlags(t *testing.T) {
 		if got := strings.Join(hoistClientFlags(strings.Fields(in)), " "); got != want {
 			t.Errorf("hoistClientFlags(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// fakeAPI is a server that answers every request with status and body and
+// records the request bodies it got, by "METHOD path".
+type fakeAPI struct {
+	url    string
+	bodies map[string][]string
+}
+
+func mustFakeAPI(t *testing.T, status int, body string) *fakeAPI {
+	t.Helper()
+	f := &fakeAPI{bodies: map[string][]string{}}
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		f.bodies[r.Method+" "+r.URL.Path] = append(f.bodies[r.Method+" "+r.URL.Path], string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	return f
+}
+
+// runWith runs `mqd args... --server url` in process.
+func runWith(url string, args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	c := &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &errb}
+	code = c.run(context.Background(), append(args, "--server", url))
+	return code, out.String(), errb.String()
+}
+
+// An explicit --partitions is sent even when it is 0, so that the server
+// refuses it (it used to be dropped: a topic with 1 partition, exit 0).
+func TestTopicCreatePartitionsSent(t *testing.T) {
+	const topic = `{"name":"p","config":{},"partitions":[{"partition":0}]}`
+	for _, c := range []struct {
+		args []string
+		want string // the PUT's body
+	}{
+		{[]string{"--partitions", "0"}, `{"partitions":0}`},
+		{[]string{"--partitions=-2"}, `{"partitions":-2}`},
+		{[]string{"--partitions", "3"}, `{"partitions":3}`},
+		{[]string{"--partitions", "0", "--config", `{"partitions":5}`}, `{"partitions":0}`},
+		{[]string{"--config", `{"partitions":5}`}, `{"partitions":5}`},
+		{nil, `{}`},
+	} {
+		f := mustFakeAPI(t, 201, topic)
+		if code, _, errOut := runWith(f.url, append([]string{"topic", "create", "p"}, c.args...)...); code != 0 {
+			t.Errorf("%q: exit %d: %s", c.args, code, errOut)
+		}
+		if got := f.bodies["PUT /v1/topics/p"]; len(got) != 1 || got[0] != c.want {
+			t.Errorf("%q: sent %q, want %q", c.args, got, c.want)
+		}
+	}
+	f := mustFakeAPI(t, 400, `{"error":{"code":"invalid_config","message":"partitions must be 1..1024, got 0"}}`)
+	if code, _, errOut := runWith(f.url, "topic", "create", "p", "--partitions", "0"); code != 1 || !strings.Contains(errOut, "invalid_config") {
+		t.Errorf("--partitions 0 refused by the server: exit %d, %q; want 1 with invalid_config", code, errOut)
 	}
 }

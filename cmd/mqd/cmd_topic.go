@@ -11,10 +11,13 @@ import (
 	"github.com/mqd/mqd/client"
 )
 
+// flagPartitions is topic create's flag for the topic's partitions field.
+const flagPartitions = "partitions"
+
 func init() {
 	register(&command{name: "topic create", args: "NAME", summary: "create a topic, or update an existing one's config",
 		setup: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
-			partitions := fs.Int("partitions", 0, "number of partitions (default 1 on create; may grow, never shrink)")
+			partitions := fs.Int(flagPartitions, 0, "number of partitions, 1..1024 (default 1 on create; may grow, never shrink)")
 			cfgJSON := fs.String("config", "", `other config fields as JSON, e.g. '{"max_retry":3,"ack_timeout_ms":60000}'`)
 			return func(ctx context.Context, c *cli, args []string) error {
 				if err := needArgs(args, 1, "NAME"); err != nil {
@@ -26,7 +29,9 @@ func init() {
 						return usageErr("--config: not a JSON object: %v", err)
 					}
 				}
-				if *partitions != 0 {
+				// Sent whenever given, 0 included: the server refuses
+				// what is out of range (400 invalid_config), as for -2.
+				if isSet(fs, flagPartitions) {
 					cfg["partitions"] = *partitions
 				}
 				t, created, err := c.client.PutTopic(ctx, args[0], cfg)
