@@ -70,12 +70,19 @@ func (c *Client) DeadLetters(ctx context.Context, topic, group string, o DLQOpti
 	return &p, nil
 }
 
+// ReplayResult is the broker's answer to a replay.
+type ReplayResult struct {
+	Accepted   int             `json:"accepted"`     // dead letters put back
+	RatePerSec int             `json:"rate_per_sec"` // the rate they are delivered at
+	Raw        json.RawMessage `json:"-"`
+}
+
 // Replay puts dead letters back into the group's delivery: the given ids,
 // or all of them when ids is empty, at ratePerSec (0: the broker's default).
-// It answers how many the broker accepted; the replay proceeds in the
-// background. It is not retried once sent (a second replay of "all" could
-// replay letters that died since).
-func (c *Client) Replay(ctx context.Context, topic, group string, ids []uint64, ratePerSec int) (int, error) {
+// It answers how many the broker accepted and at what rate; the replay
+// proceeds in the background. It is not retried once sent (a second replay
+// of "all" could replay letters that died since).
+func (c *Client) Replay(ctx context.Context, topic, group string, ids []uint64, ratePerSec int) (*ReplayResult, error) {
 	body := map[string]any{}
 	if len(ids) == 0 {
 		body["all"] = true
@@ -85,13 +92,13 @@ func (c *Client) Replay(ctx context.Context, topic, group string, ids []uint64, 
 	if ratePerSec > 0 {
 		body["rate_per_sec"] = ratePerSec
 	}
-	var out struct {
-		Accepted int `json:"accepted"`
+	var r ReplayResult
+	resp, err := c.call(ctx, http.MethodPost, groupPath(topic, group)+"/dlq/replay", body, &r, retryUnsent, 0)
+	if err != nil {
+		return nil, err
 	}
-	if _, err := c.call(ctx, http.MethodPost, groupPath(topic, group)+"/dlq/replay", body, &out, retryUnsent, 0); err != nil {
-		return 0, err
-	}
-	return out.Accepted, nil
+	r.Raw = resp.Body
+	return &r, nil
 }
 
 // DeleteDeadLetter discards one dead letter.

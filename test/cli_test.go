@@ -220,7 +220,12 @@ func TestCLI(t *testing.T) {
 		if out := ok(t, srv, "", "sub", "dl", "--group", "g", "--count", "1", "--wait", "10s", "--nack", "still broken"); out != "poison\n" {
 			t.Errorf("after replay: %q", out)
 		}
-		mustContain(t, "replay all", ok(t, srv, "", "dlq", "replay", "dl", "g", "--all", "--rate", "10", "--json"), `"accepted"`)
+		// --json prints the API's answer, rate_per_sec included.
+		var rr map[string]any
+		if out := ok(t, srv, "", "dlq", "replay", "dl", "g", "--all", "--rate", "10", "--json"); json.Unmarshal([]byte(out), &rr) != nil ||
+			rr["accepted"] != 1.0 || rr["rate_per_sec"] != 10.0 {
+			t.Errorf("dlq replay --json: %q, want the API's {\"accepted\":1,\"rate_per_sec\":10}", out)
+		}
 		fails(t, srv, 2, "--all or --id", "dlq", "replay", "dl", "g")
 		fails(t, srv, 1, "dead_letter_not_found", "dlq", "delete", "dl", "g", "999")
 		fails(t, srv, 2, "positive integer", "dlq", "delete", "dl", "g", "x")

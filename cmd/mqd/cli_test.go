@@ -140,3 +140,22 @@ func TestTopicCreatePartitionsSent(t *testing.T) {
 		t.Errorf("--partitions 0 refused by the server: exit %d, %q; want 1 with invalid_config", code, errOut)
 	}
 }
+
+// dlq replay --json prints the API's answer as it is (it used to print
+// only "accepted", leaving out rate_per_sec).
+func TestDLQReplayJSONIsTheAnswer(t *testing.T) {
+	const answer = `{"accepted":2,"rate_per_sec":10}`
+	f := mustFakeAPI(t, 200, answer+"\n")
+	code, out, errOut := runWith(f.url, "dlq", "replay", "dl", "g", "--all", "--rate", "10", "--json")
+	if code != 0 || out != answer+"\n" {
+		t.Errorf("dlq replay --json: exit %d, stdout %q, stderr %q; want %q", code, out, errOut, answer+"\n")
+	}
+	code, out, errOut = runWith(f.url, "dlq", "replay", "dl", "g", "--id", "1,2")
+	if code != 0 || out != "replaying 2 dead letter(s) at 10 per second\n" {
+		t.Errorf("dlq replay: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if got := f.bodies["POST /v1/topics/dl/groups/g/dlq/replay"]; len(got) != 2 ||
+		got[0] != `{"all":true,"rate_per_sec":10}` || got[1] != `{"ids":[1,2]}` {
+		t.Errorf("replay requests: %q", got)
+	}
+}

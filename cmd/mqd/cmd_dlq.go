@@ -79,15 +79,15 @@ func init() {
 				if *rate < 0 {
 					return usageErr("--rate must not be negative")
 				}
-				n, err := c.client.Replay(ctx, args[0], args[1], ids, *rate)
+				r, err := c.client.Replay(ctx, args[0], args[1], ids, *rate)
 				if err != nil {
 					return err
 				}
 				if c.json {
-					c.printJSON(marshalLine(map[string]int{"accepted": n}))
+					c.printJSON(r.Raw)
 					return nil
 				}
-				fmt.Fprintf(c.stdout, "replaying %d dead letter(s)\n", n)
+				fmt.Fprintf(c.stdout, "replaying %d dead letter(s) at %d per second\n", r.Accepted, r.RatePerSec)
 				return nil
 			}
 		}})
