@@ -95,7 +95,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
-	fs.DurationVar(&o.maxClockOffset, flagMaxClockOffset, raftfsm.DefaultMaxClockOffset, "a node whose clock is further than this from a majority of the voters' does not lead and is not ready")
+	fs.DurationVar(&o.maxClockOffset, flagMaxClockOffset, raftfsm.DefaultMaxClockOffset, "a node whose clock is further than this from a majority of the voters' does not lead and is not ready (positive)")
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
 	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
 	fs.BoolVar(&o.insecure, flagInsecure, false, "serve without --auth-file on a non-loopback --http-addr")
@@ -153,6 +153,10 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.bootstrapExpect < 0 || (o.bootstrapExpect > 0 && o.join == "") {
 		return nil, errors.New("--bootstrap-expect needs --join with the other nodes' HTTP addresses")
+	}
+	if o.maxClockOffset <= 0 {
+		// raftfsm would take a non-positive offset for its default.
+		return nil, fmt.Errorf("--%s must be positive, got %v", flagMaxClockOffset, o.maxClockOffset)
 	}
 	if o.ratePerToken < 0 || o.ratePerConn < 0 {
 		return nil, errors.New("--rate-per-token and --rate-per-connection must not be negative")
