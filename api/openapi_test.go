@@ -25,8 +25,8 @@ var routeStatuses = map[string][]int{
 	"DELETE /v1/cluster/nodes/{id}": {200, 404, 409},
 	"GET /v1/cluster/backup":        {200, 507}, // insufficient_storage: no room for the copy
 	"GET /v1/openapi.yaml":          {200},
-	"GET /debug/pprof/{profile}":    {200},
-	"POST /debug/pprof/{profile}":   {200},
+	"GET /debug/pprof/{profile}":    {200, 404}, // not_found: profiles are off (no --pprof)
+	"POST /debug/pprof/{profile}":   {200, 404},
 	"GET /ui":                       {200},
 	"GET /ui/{file}":                {200, 404}, // not_found: no such file
 
@@ -192,6 +192,30 @@ func TestOpenAPI(t *testing.T) {
 		}
 	}
 	checkCatalogue(t, d, ops)
+}
+
+// A node without --pprof answers the profile routes 404, so routeStatuses
+// (and through TestOpenAPI, openapi.yaml) must list it.
+func TestPprofOffIsDocumented(t *testing.T) {
+	n := 0
+	for _, r := range (&Server{}).routes() {
+		key := r.Method + " " + docPath(r.Pattern)
+		if !strings.HasPrefix(key, "GET /debug/pprof/") && !strings.HasPrefix(key, "POST /debug/pprof/") {
+			continue
+		}
+		n++
+		var ctx fasthttp.RequestCtx
+		err := r.handler(&ctx, &route{})
+		if got := classify(err); err == nil || got.status != 404 {
+			t.Errorf("%s without --pprof: %v (%+v), want a 404", key, err, got)
+		}
+		if !slices.Contains(routeStatuses[key], 404) {
+			t.Errorf("%s answers 404 without --pprof; routeStatuses does not list it", key)
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d profile routes, want GET and POST", n)
+	}
 }
 
 // checkErrorResponses: every 4xx/5xx answer of op is the Error schema.
