@@ -158,4 +158,13 @@ func TestDLQReplayJSONIsTheAnswer(t *testing.T) {
 		got[0] != `{"all":true,"rate_per_sec":10}` || got[1] != `{"ids":[1,2]}` {
 		t.Errorf("replay requests: %q", got)
 	}
+	// A --rate given is checked, 0 included (it used to mean the default).
+	for _, r := range []string{"0", "-1", "100001"} {
+		if code, _, errOut := runWith(f.url, "dlq", "replay", "dl", "g", "--all", "--rate", r); code != 2 || !strings.Contains(errOut, "--rate must be in 1..100000") {
+			t.Errorf("dlq replay --rate %s: exit %d, stderr %q; want a usage error", r, code, errOut)
+		}
+	}
+	if n := len(f.bodies["POST /v1/topics/dl/groups/g/dlq/replay"]); n != 2 {
+		t.Errorf("refused --rate values reached the API: %d requests", n)
+	}
 }

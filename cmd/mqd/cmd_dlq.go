@@ -76,8 +76,8 @@ func init() {
 				if *all == (len(ids) > 0) {
 					return usageErr("give either --all or --id")
 				}
-				if *rate < 0 {
-					return usageErr("--rate must not be negative")
+				if isSet(fs, "rate") && (*rate < 1 || *rate > 100000) {
+					return usageErr("--rate must be in 1..100000, got %d", *rate)
 				}
 				r, err := c.client.Replay(ctx, args[0], args[1], ids, *rate)
 				if err != nil {
