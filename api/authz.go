@@ -20,7 +20,7 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx, r *route) error {
 	if p.Has(PermOpen) {
 		return nil
 	}
-	if p.Has(PermCluster) && s.opts.TLS != nil && peerCertified(ctx) {
+	if nodeRoute(r.def) && s.opts.TLS != nil && peerCertified(ctx) {
 		return nil
 	}
 	if s.opts.Auth == nil {

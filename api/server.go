@@ -92,7 +92,11 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 	s.router = rt
 	node.FSM.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
-		MaxConnsPerHost: s.connLimits.ForwardConns,
+		// The leader routes the path as the client sent it (routes.go:
+		// match); normalized here, "dlq/..%2F..%2F..%2Fx" would reach it
+		// as another route than the one this node authorized.
+		DisablePathNormalizing: true,
+		MaxConnsPerHost:        s.connLimits.ForwardConns,
 		// A request that finds every forwarding connection busy queues for
 		// one (within its deadline) rather than failing at once.
 		MaxConnWaitTimeout: defaultTimeout,

@@ -422,20 +422,25 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		{"PUT", "/v1/topics/.", 400, "invalid_name"},
 		{"PUT", "/v1/topics/a%2Fb", 400, "invalid_name"},
 		{"GET", "/v1/topics/%zz", 400, "bad_request"},
+		// a follower forwards the path as sent: the leader must not see
+		// DELETE /v1/topics/bad-raw-victim
+		{"DELETE", "/v1/topics/" + victim + "/groups/g/dlq/..%2F..%2F..%2F..%2F" + victim, 400, "bad_request"},
 	} {
-		what := p.method + " " + p.path
-		ans, _ := rawExchange(t, n, 10*time.Second, func(c *net.TCPConn) {
-			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", p.method, p.path)
-		})
-		resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(ans)), nil)
-		if err != nil {
-			t.Errorf("%s: unparsable answer %q: %v", what, shorten(ans), err)
-			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		code, err := (&tc.Response{Status: resp.StatusCode, Body: body}).CheckError()
-		if resp.StatusCode != p.status || code != p.code || err != nil {
-			t.Errorf("%s: %d %s (%v), want %d %s", what, resp.StatusCode, shorten(string(body)), err, p.status, p.code)
+		for _, via := range c.Live() {
+			what := p.method + " " + p.path + " via " + via.ID()
+			ans, _ := rawExchange(t, via, 10*time.Second, func(c *net.TCPConn) {
+				fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", p.method, p.path)
+			})
+			resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(ans)), nil)
+			if err != nil {
+				t.Errorf("%s: unparsable answer %q: %v", what, shorten(ans), err)
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			code, err := (&tc.Response{Status: resp.StatusCode, Body: body}).CheckError()
+			if resp.StatusCode != p.status || code != p.code || err != nil {
+				t.Errorf("%s: %d %s (%v), want %d %s", what, resp.StatusCode, shorten(string(body)), err, p.status, p.code)
+			}
 		}
 	}
 	if r, err := n.Do(ctxFor(t, 10*time.Second), http.MethodGet, "/v1/topics/"+victim, nil, nil); err != nil || r.Status != http.StatusOK {

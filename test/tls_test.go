@@ -81,6 +81,24 @@ func TestTLSCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A path that a normalizing forward would turn into another route:
+	// through a follower, with a token that lacks cluster, it must not
+	// reach node removal (it did: the follower authorized a dead letter's
+	// deletion, the leader saw DELETE /v1/cluster/nodes/{id} and took the
+	// follower's certificate for the caller).
+	l, fs = mustRoles(t, c)
+	victim := fs[1].ID()
+	if r, err := fs[0].Do(ctxFor(t, 15*time.Second), "DELETE", "/v1/cluster/nodes/"+victim, nil, nil); err != nil || r.Status != 403 {
+		t.Fatalf("node removal with a token without cluster: %v %v, want 403", r, err)
+	}
+	sneaky := "/v1/topics/t/groups/g/dlq/..%2F..%2F..%2F..%2F..%2Fcluster%2Fnodes%2F" + victim
+	r, err := fs[0].Do(ctxFor(t, 15*time.Second), "DELETE", sneaky, nil, nil)
+	if err != nil || r.Status == 200 {
+		t.Fatalf("DELETE %s through follower %s: %v %v, want a refusal", sneaky, fs[0].ID(), r, err)
+	}
+	if ci, err := l.Cluster(ctxFor(t, 10*time.Second)); err != nil || len(ci.Nodes) != 3 {
+		t.Fatalf("after the crafted path the cluster has %v (%v), want 3 members", ci, err)
+	}
 	// The command line trusts --tls-ca and sends --token.
 	cli := func(args ...string) (string, error) {
 		out, err := exec.Command(tc.Binary(t), args...).CombinedOutput()
