@@ -219,10 +219,14 @@ func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raf
 // liveRaftAddr is the raft address member id reports about itself, if it
 // answered its latest probe (this node: its own). A member not probed yet
 // (a leader's first moments) counts as live at an unknown address, so
-// that a join under its id is refused until a probe tells.
+// that a join under its id is refused until a probe tells; one whose HTTP
+// address was never recorded cannot be probed, and counts as gone.
 func (n *Node) liveRaftAddr(id string) (string, bool) {
 	if id == n.cfg.ID {
 		return n.Info().RaftAddr, true
+	}
+	if n.FSM.Nodes()[id].HTTPAddr == "" {
+		return "", false
 	}
 	n.peers.mu.Lock()
 	defer n.peers.mu.Unlock()
