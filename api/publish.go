@@ -107,12 +107,11 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 		Producer: prod.id, Seq: prod.seq}
 	bodySize := 0
 	for i, m := range msgs {
-		// A message that may be a repeat (a key within the dedup window, a
-		// producer sequence) is sized by the FSM, after it looked for the
-		// original: a retry must find its original even if the topic's
-		// max_message_bytes was lowered since.
-		repeatable := prod.id != "" || (m.msg.IdempotencyKey != "" && cfg.DedupWindowMs > 0)
-		if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !repeatable {
+		// A message over the topic's max_message_bytes is refused here,
+		// unless it repeats a stored one (by key or producer sequence; the
+		// max may have been lowered since): that one goes to the FSM,
+		// which answers it as a duplicate. Only such messages cost a read.
+		if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !s.repeatsStored(r.topic, cfg, m, prod, i) {
 			return nil, err
 		}
 		bodySize += len(m.msg.Value)
@@ -131,6 +130,26 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 		s.metrics.countPublished(r.topic, res.Published)
 	}
 	return res, err
+}
+
+// repeatsStored reports whether message i of a publish repeats a stored
+// message (by its key within the dedup window, or by its producer
+// sequence), as the leader's state has it now.
+func (s *Server) repeatsStored(topic string, cfg mlog.Config, m pubMsg, prod producer, i int) bool {
+	key := m.msg.IdempotencyKey
+	if cfg.DedupWindowMs <= 0 {
+		key = ""
+	}
+	if key == "" && prod.id == "" {
+		return false
+	}
+	var ok bool
+	_ = s.node.FSM.Read(func(r *raftfsm.Reader) error {
+		var err error
+		ok, err = r.Stored(topic, key, prod.id, prod.seq+uint64(i), nowMs())
+		return err
+	})
+	return ok
 }
 
 // choosePartition: FNV-1a 32 of the partition key, else of the idempotency

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"time"
 
+	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -34,6 +35,31 @@ func (r *Reader) AppliedIndex() uint64 {
 // TopicConfig answers a topic's configuration, or mlog.ErrTopicNotFound.
 func (r *Reader) TopicConfig(topic string) (mlog.Config, error) {
 	return mlog.GetConfig(r.tx, topic)
+}
+
+// Stored reports whether a publish to topic at now would repeat a stored
+// message: its idempotency key is in the dedup window (key not empty), or
+// its producer sequence is one of the producer's stored ones (producer not
+// empty). The leader asks only for a message over the topic's
+// max_message_bytes, which is refused unless it repeats its original.
+func (r *Reader) Stored(topic, key, producer string, seq uint64, now int64) (bool, error) {
+	if key != "" {
+		if _, ok, err := lookupKey(r.tx, topic, key, now); ok || err != nil {
+			return ok, err
+		}
+	}
+	if producer == "" {
+		return false, nil
+	}
+	l, err := mlog.Open(r.tx, topic)
+	if err != nil {
+		return false, err
+	}
+	prod, err := dedup.OpenProducers(r.tx, l.Bucket(), topic)
+	if err != nil {
+		return false, err
+	}
+	return prod.Check(producer, seq, now).Verdict == dedup.SeqDuplicate, nil
 }
 
 // EachTopicAfter calls fn with each topic name that sorts after after, in

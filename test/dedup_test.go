@@ -37,15 +37,16 @@ func TestDedup(t *testing.T) {
 	t.Run("GroupAckedKeySkipped", func(t *testing.T) { t.Parallel(); testDedupGroupAckedSkipped(t, c) })
 	t.Run("GroupSameKeyHeld", func(t *testing.T) { t.Parallel(); testDedupGroupHeld(t, c) })
 	t.Run("GroupDLQReplaySkipped", func(t *testing.T) { t.Parallel(); testDedupGroupDLQReplay(t, c) })
-	t.Run("RepeatOverLoweredMax", func(t *testing.T) { t.Parallel(); testDedupRepeatOverLoweredMax(t, c) })
 }
 
 // A retry finds its original even after the topic's max_message_bytes was
 // lowered below its size (by key, single and in a batch, and by producer
 // sequence); a new message of that size is refused 413 (a client told
 // 413 would take the stored original for never stored).
-func testDedupRepeatOverLoweredMax(t *testing.T, c *tc.Cluster) {
-	leader, _ := mustRoles(t, c)
+func TestDedupRepeatOverLoweredMax(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	leader := mustLeader(t, c)
 	ctx := ctxFor(t, 30*time.Second)
 	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
 		t.Fatal(err)
@@ -66,6 +67,13 @@ func testDedupRepeatOverLoweredMax(t *testing.T, c *tc.Cluster) {
 	if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"duplicate":true`) {
 		t.Errorf("batch repeat of K over the lowered max: %v %v, want 200 duplicate", r, err)
 	}
+	// New messages over the max are refused before raft: no command
+	// goes through the group commit (the only writer here).
+	commits := func() float64 {
+		v, _ := metricValue(scrape(ctx, t, leader), "mqd_batch_commands", nil)
+		return v
+	}
+	before := commits()
 	for _, hdr := range []map[string]string{{"Idempotency-Key": "new"}, nil, {"Mq-Producer-Id": "p", "Mq-Producer-Seq": "1"}} {
 		_, r, err := n.Publish(ctx, topic, []byte("abcd"), hdr)
 		if code := ""; r != nil {
@@ -76,6 +84,9 @@ func testDedupRepeatOverLoweredMax(t *testing.T, c *tc.Cluster) {
 		} else {
 			t.Errorf("new message over the lowered max (%v): %v", hdr, err)
 		}
+	}
+	if after := commits(); after != before {
+		t.Errorf("refused oversized publishes went through raft: %v group commits, was %v", after, before)
 	}
 	if s, err := n.Stats(ctx, topic); err != nil || s.NextOffsets() != 2 {
 		t.Errorf("%s: %v messages (%v), want the 2 originals only", topic, s.NextOffsets(), err)
