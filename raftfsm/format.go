@@ -24,7 +24,9 @@ import (
 //
 //   - 1: every state written before the format existed (no meta key).
 //   - 2: leases of keyless messages may be kept as range records
-//     (group.UseSpans).
+//     (group.UseSpans); a lease stops at LeaseMaxBytes; a publish looks
+//     a key up before it checks the message's size. A format's rules are
+//     fixed once a release writes it (docs/ARCHITECTURE.md, State format).
 const (
 	// StateFormat is the highest format this binary reads and writes.
 	StateFormat = 2
