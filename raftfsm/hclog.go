@@ -51,6 +51,22 @@ var quieter = map[string]slog.Level{
 	"rejecting vote request since we have a leader":                     slog.LevelInfo,
 	"rejecting pre-vote request since we have a leader":                 slog.LevelInfo,
 	"new leader elected, stepping down":                                 slog.LevelInfo,
+	"peer has newer term, stopping replication":                         slog.LevelInfo, // a leader superseded, as at every hand-off
+}
+
+// benign lists raft errors that are routine when an argument holds the
+// given text: the node recovers by itself, and an operator has nothing to
+// do.
+var benign = []struct {
+	msg, arg string
+	level    slog.Level
+}{
+	// A follower behind the log's start: replication sends a snapshot
+	// instead (as after a restore or a snapshot's compaction).
+	{"failed to get log", "log not found", slog.LevelDebug},
+	// The connections of a node that is stopping.
+	{"failed to decode incoming command", "transport shutdown", slog.LevelDebug},
+	{"failed to decode incoming command", "use of closed network connection", slog.LevelDebug},
 }
 
 type hclogAdapter struct {
@@ -99,10 +115,22 @@ func (r *repeats) allow(msg string) (bool, int) {
 	return true, n
 }
 
-// level maps raft's level for msg to the one mqd logs it at.
-func (a *hclogAdapter) level(level hclog.Level, msg string) slog.Level {
+// level maps raft's level for msg (with args) to the one mqd logs it at.
+func (a *hclogAdapter) level(level hclog.Level, msg string, args []any) slog.Level {
 	if lv, ok := quieter[msg]; ok && level >= hclog.Warn {
 		return lv
+	}
+	if level >= hclog.Warn {
+		for _, b := range benign {
+			if b.msg != msg {
+				continue
+			}
+			for _, v := range args {
+				if strings.Contains(fmt.Sprint(v), b.arg) {
+					return b.level
+				}
+			}
+		}
 	}
 	switch {
 	case level <= hclog.Debug:
@@ -120,7 +148,7 @@ func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off || level == hclog.NoLevel {
 		return
 	}
-	lv := a.level(level, msg)
+	lv := a.level(level, msg, args)
 	ctx := context.Background()
 	if !a.l.Enabled(ctx, lv) {
 		return

@@ -24,6 +24,9 @@ func TestHclogAdapter(t *testing.T) {
 		a.Warn("failed to contact", "server-id", "n2")
 	}
 	a.Info("entering follower state", "follower", "n1")
+	// Routine on a hand-off, a stop, a catch-up from a snapshot.
+	a.Error("failed to get log", "index", 1, "error", errors.New("log not found"))
+	a.Error("failed to decode incoming command", "error", errors.New("transport shutdown"))
 	if buf.Len() != 0 {
 		t.Fatalf("peer retries and raft info lines reached info level:\n%s", buf.String())
 	}
@@ -32,7 +35,12 @@ func TestHclogAdapter(t *testing.T) {
 	}
 	a.Error("failed to take snapshot", "error", errors.New("disk"))
 	a.Error("failed to take snapshot", "error", errors.New("disk"))
+	a.Error("peer has newer term, stopping replication", "peer", "n2")
+	a.Error("failed to decode incoming command", "error", errors.New("unknown rpc type 9"))
 	out := buf.String()
+	if !strings.Contains(out, `level=INFO msg="peer has newer term`) || !strings.Contains(out, `level=ERROR msg="failed to decode incoming command" component=raft error="unknown rpc type 9"`) {
+		t.Errorf("a superseded leader should log at info, a real decode failure at error:\n%s", out)
+	}
 	if n := strings.Count(out, "starting election"); n != 1 || !strings.Contains(out, "level=INFO msg=\"heartbeat timeout") {
 		t.Errorf("election line: %d times, want once at info:\n%s", n, out)
 	}

@@ -370,9 +370,14 @@ func (n *Node) Ready() bool {
 // caughtUp reports whether the FSM has applied every committed entry. The
 // FSM only sees commands and configurations, so entries after the last one
 // it applied count as applied when raft has handed them on and none of them
-// is a command.
+// is a command. Raft's commit index is 0 after a start until a leader's
+// append (not a heartbeat) tells the node the cluster's: until then it
+// knows nothing committed, and is not caught up.
 func (n *Node) caughtUp() bool {
 	commit, fsm := n.Raft.CommitIndex(), n.FSM.AppliedIndex()
+	if commit == 0 {
+		return false
+	}
 	if fsm >= commit {
 		return true
 	}

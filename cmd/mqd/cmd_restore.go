@@ -47,7 +47,7 @@ func init() {
 					start += " --raft-advertise-addr " + *advertise
 				}
 				fmt.Fprintf(c.stdout, "restored the state at raft index %d into %s for node %s (raft address %s)\n"+
-					"start it: %s  (other nodes then join it with --join)\n", index, *dataDir, nodeID, addr, start)
+					"start it: %s --http-addr HOST:PORT [--auth-file FILE]  (other nodes then join it with --join)\n", index, *dataDir, nodeID, addr, start)
 				return nil
 			}
 		}})
