@@ -229,16 +229,19 @@ func (n *Node) watch(ctx context.Context) {
 				}
 				if d.LeaderID != raft.ServerID(n.cfg.ID) {
 					clear(down) // only a leader watches its peers
+					n.raftDown.Clear()
 				}
 			case raft.FailedHeartbeatObservation:
 				if _, ok := down[d.PeerID]; !ok {
 					down[d.PeerID] = time.Now()
+					n.raftDown.Store(string(d.PeerID), true)
 					n.logger.Warn("raft peer unreachable", "peer", string(d.PeerID),
 						"last_contact", d.LastContact.UTC().Format(time.RFC3339Nano))
 				}
 			case raft.ResumedHeartbeatObservation:
 				if since, ok := down[d.PeerID]; ok {
 					delete(down, d.PeerID)
+					n.raftDown.Delete(string(d.PeerID))
 					n.logger.Info("raft peer reachable again", "peer", string(d.PeerID),
 						"down_for", time.Since(since).Round(time.Millisecond).String())
 				}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,6 +86,7 @@ type Node struct {
 	clock     *clock
 	peers     peers
 	lowMember atomic.Value // string: a member whose latest probe answer says disk_low, or ""
+	raftDown  sync.Map     // ids of the peers this leader's heartbeats fail to reach
 	handoff   atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
 	inflight  atomic.Int64 // proposals between enter and leave
 	joinPeers atomic.Value // []string: Form's --join addresses, for clock probes
@@ -440,7 +442,8 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 		}
 	}
 	if !have {
-		if err := joinIDCheck(servers, info, n.liveRaftAddr); err != nil {
+		live := func(id string) (string, bool) { return n.liveRaftAddr(ctx, id) }
+		if err := joinIDCheck(servers, info, live); err != nil {
 			return err
 		}
 		// A binary that does not read the state's format would misread

@@ -217,27 +217,35 @@ func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raf
 }
 
 // liveRaftAddr is the raft address member id reports about itself, if it
-// answered its latest probe (this node: its own). A member not probed yet
-// (a leader's first moments) counts as live at an unknown address, so
-// that a join under its id is refused until a probe tells; one whose HTTP
-// address was never recorded cannot be probed, and counts as gone.
-func (n *Node) liveRaftAddr(id string) (string, bool) {
+// answers (this node: its own). Its latest probe counts if it answered
+// within probeStale; otherwise (not probed yet, or a probe lost under
+// load) it is asked now. A member whose HTTP address is not recorded yet
+// (a cluster forming) cannot be asked: it counts as live at an unknown
+// address unless raft's heartbeats fail to reach it (a member that died
+// before its address was recorded).
+func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 	if id == n.cfg.ID {
 		return n.Info().RaftAddr, true
 	}
-	if n.FSM.Nodes()[id].HTTPAddr == "" {
-		return "", false
+	addr := n.FSM.Nodes()[id].HTTPAddr
+	if addr == "" {
+		_, down := n.raftDown.Load(id)
+		return "", !down
 	}
 	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	v := n.peers.views[id]
-	if v == nil {
-		return "", true
+	if v := n.peers.views[id]; v != nil && v.answered(time.Now()) {
+		ra := v.status.RaftAddr
+		n.peers.mu.Unlock()
+		return ra, true
 	}
-	if !v.answered(time.Now()) {
+	n.peers.mu.Unlock()
+	c := n.peerClient(probeTimeout)
+	defer c.CloseIdleConnections()
+	st, err := n.getStatus(ctx, c, addr)
+	if err != nil || st.ID != id {
 		return "", false
 	}
-	return v.status.RaftAddr, true
+	return st.RaftAddr, true
 }
 
 // probeClock measures the clock offset to the member at addr, if it is one
