@@ -280,19 +280,9 @@ func TestFollowerDiskLowRefusesWrites(t *testing.T) {
 	}
 	f.SetArgs(append(append([]string(nil), orig...), "--min-free-disk", "99%"))
 	f.Restart()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/fdisk/messages", "while-low", nil)
-		if err == nil && r.Status == 507 {
-			if code, _ := r.CheckError(); code != "insufficient_storage" || !strings.Contains(string(r.Body), f.ID()) {
-				t.Fatalf("publish with %s low on disk: %d %s, want 507 insufficient_storage naming it", f, r.Status, r.Body)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("publish with %s under --min-free-disk: %v %v, want 507 within 30 s", f, r, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	r := publishUntil(t, leader, "fdisk", 507, 30*time.Second)
+	if code, _ := r.CheckError(); code != "insufficient_storage" || !strings.Contains(string(r.Body), f.ID()) {
+		t.Fatalf("publish with %s low on disk: %d %s, want 507 insufficient_storage naming it", f, r.Status, r.Body)
 	}
 	if msgs, _, err := leader.Fetch(ctx, "fdisk", "g", tc.FetchRequest{Max: 100}); err != nil || len(msgs) == 0 {
 		t.Fatalf("fetch with a follower low on disk: %d messages, %v", len(msgs), err)
@@ -302,15 +292,23 @@ func TestFollowerDiskLowRefusesWrites(t *testing.T) {
 	}
 	f.SetArgs(orig)
 	f.Restart()
-	deadline = time.Now().Add(30 * time.Second)
+	publishUntil(t, leader, "fdisk", 201, 30*time.Second)
+}
+
+// publishUntil publishes to topic through n until a publish answers
+// status, and returns that answer; it fails the test after within.
+func publishUntil(t *testing.T, n *tc.Node, topic string, status int, within time.Duration) *tc.Response {
+	t.Helper()
+	ctx := ctxFor(t, within)
 	for {
-		r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/fdisk/messages", "after", nil)
-		if err == nil && r.Status == 201 {
-			break
+		r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages", "x", nil)
+		if err == nil && r.Status == status {
+			return r
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("publish after %s has room again: %v %v, want 201 within 30 s", f, r, err)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("publish to %s via %s: %v %v, want %d within %v", topic, n, r, err, status, within)
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
