@@ -17,8 +17,9 @@ func publishIndex(tx *bolt.Tx, l *mlog.Log) (*dedup.Index, error) {
 }
 
 // lookupKey answers whether key was published to topic within its window
-// at now, and where (the tests' view of the index; the leader does not
-// look keys up before proposing: see docs/performance.md).
+// at now, and where. The leader does not look keys up before proposing
+// (docs/performance.md), except for a message over max_message_bytes
+// (Reader.Stored); the tests use it too.
 func lookupKey(tx *bolt.Tx, topic, key string, now int64) (Published, bool, error) {
 	l, err := mlog.Open(tx, topic)
 	if err != nil {
