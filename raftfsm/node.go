@@ -372,13 +372,28 @@ func (n *Node) Ready() bool {
 // caughtUp reports whether the FSM has applied every committed entry. The
 // FSM only sees commands and configurations, so entries after the last one
 // it applied count as applied when raft has handed them on and none of them
-// is a command. Raft's commit index is 0 after a start until a leader's
-// append (not a heartbeat) tells the node the cluster's: until then it
-// knows nothing committed, and is not caught up.
+// is a command.
+//
+// Raft's commit index is 0 after a start until a leader's append (not a
+// heartbeat) tells the node the cluster's: until then it knows nothing
+// committed, and is not caught up. Even then a follower's commit index is
+// the lower of the leader's and the last entry it has received, so a
+// follower that came back far behind would count itself caught up between
+// two appends. A follower therefore also waits for the leader's own commit
+// index, by its answer to this node's latest probe since the start
+// (leaderCommit): every entry committed before the node restarted is
+// covered by it.
 func (n *Node) caughtUp() bool {
 	commit, fsm := n.Raft.CommitIndex(), n.FSM.AppliedIndex()
 	if commit == 0 {
 		return false
+	}
+	if !n.IsLeader() {
+		lc, ok := n.leaderCommit()
+		if !ok {
+			return false
+		}
+		commit = max(commit, lc)
 	}
 	if fsm >= commit {
 		return true
