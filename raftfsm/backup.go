@@ -105,6 +105,9 @@ func PrepareRestore(dataDir string, backup io.Reader, id, raftAddr string) (inde
 	if id == "" || raftAddr == "" {
 		return 0, errors.New("restore: a node id and raft address are needed")
 	}
+	if err := ValidateNodeID(id); err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return 0, fmt.Errorf("restore: %w", err)
 	}

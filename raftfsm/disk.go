@@ -120,9 +120,9 @@ func newDiskGuard(dir string, min MinFree, logger *slog.Logger) *diskGuard {
 	return g
 }
 
-// check answers ErrInsufficientStorage while free space is under the
-// threshold; size is what the write would add (0 to just ask).
-func (g *diskGuard) check(size int) error {
+// isLow reports whether free space is under the threshold; size is what
+// the write would add (0 to just ask).
+func (g *diskGuard) isLow(size int) bool {
 	now := time.Now()
 	stale := now.UnixNano()-g.checked.Load() > int64(diskRefresh)
 	if !g.low.Load() {
@@ -133,11 +133,7 @@ func (g *diskGuard) check(size int) error {
 	if stale {
 		g.refresh(now)
 	}
-	if g.low.Load() {
-		return fmt.Errorf("%w: %d bytes free on the data dir's filesystem, under --min-free-disk (%d bytes); consumption still works",
-			ErrInsufficientStorage, g.free.Load(), g.need.Load())
-	}
-	return nil
+	return g.low.Load()
 }
 
 func (g *diskGuard) refresh(now time.Time) {
@@ -174,8 +170,9 @@ func (g *diskGuard) refresh(now time.Time) {
 // call it on the leader with about the bytes they add; consumption does
 // not.
 func (n *Node) CheckDisk(size int) error {
-	if err := n.disk.check(size); err != nil {
-		return err
+	if n.disk.isLow(size) {
+		return fmt.Errorf("%w: node %s has %d bytes free on its data dir's filesystem, under its --min-free-disk (%d bytes); consumption still works",
+			ErrInsufficientStorage, n.cfg.ID, n.disk.free.Load(), n.disk.need.Load())
 	}
 	if id, _ := n.lowMember.Load().(string); id != "" {
 		return fmt.Errorf("%w: member %s has less free space on its data dir than its --min-free-disk; consumption still works", ErrInsufficientStorage, id)
@@ -187,10 +184,10 @@ func (g *diskGuard) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_disk_free_bytes",
 			Help: "Free bytes on the data dir's filesystem (at most 1 s old)."},
-			func() float64 { _ = g.check(0); return float64(g.free.Load()) }),
+			func() float64 { _ = g.isLow(0); return float64(g.free.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_disk_min_free_bytes",
 			Help: "--min-free-disk in bytes: under it, writes that add data answer 507."},
-			func() float64 { _ = g.check(0); return float64(g.need.Load()) }),
+			func() float64 { _ = g.isLow(0); return float64(g.need.Load()) }),
 	}
 }
 

@@ -41,7 +41,7 @@ func (n *Node) Status() Status {
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
 		NowMs: Now().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
-		DiskLow: n.disk.check(0) != nil}
+		DiskLow: n.disk.isLow(0)}
 }
 
 // Form brings the node into a cluster and returns when its address is

@@ -219,10 +219,10 @@ func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raf
 // liveRaftAddr is the raft address member id reports about itself, if it
 // answers (this node: its own). Its latest probe counts if it answered
 // within probeStale; otherwise (not probed yet, or a probe lost under
-// load) it is asked now. A member whose HTTP address is not recorded yet
-// (a cluster forming) cannot be asked: it counts as live at an unknown
-// address unless raft's heartbeats fail to reach it (a member that died
-// before its address was recorded).
+// load) it is asked now. A member that cannot be asked (its HTTP address
+// not recorded yet while a cluster forms), or does not answer, counts as
+// live at an unknown address unless raft's heartbeats fail to reach it (a
+// member that died, or moved to another address).
 func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 	if id == n.cfg.ID {
 		return n.Info().RaftAddr, true
@@ -242,8 +242,15 @@ func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 	c := n.peerClient(probeTimeout)
 	defer c.CloseIdleConnections()
 	st, err := n.getStatus(ctx, c, addr)
-	if err != nil || st.ID != id {
-		return "", false
+	switch {
+	case err != nil:
+		// No answer over HTTP, which a loaded member may miss too: raft's
+		// heartbeats decide, as for a member whose address is not
+		// recorded (a dead process fails them within a heartbeat).
+		_, down := n.raftDown.Load(id)
+		return "", !down
+	case st.ID != id:
+		return "", false // another node answers there
 	}
 	return st.RaftAddr, true
 }

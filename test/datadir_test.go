@@ -89,3 +89,64 @@ func freeLoopback(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// A data dir records its node's id at the first start. Started under
+// another --id it is refused at once, naming the id it holds (raft knows
+// members by id: the dir would sit in its cluster as a stranger, never
+// voting, leading or ready). Started without --id, the default (the raft
+// address) gives way to the recorded id. A new node's id must be one a
+// URL and a log line carry as it is.
+func TestDataDirKeepsItsNodeID(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := c.Node(0)
+	mustTopic(t, n, "id", nil)
+	want := mustPublish(t, n, "id", "kept", nil)
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	args, noID := n.Args(), []string{}
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--id" {
+			i++
+			continue
+		}
+		noID = append(noID, args[i])
+	}
+
+	out, err := runMqd(t, append([]string{"--id", "other"}, noID...)...)
+	if err == nil {
+		t.Fatalf("data dir of %s started as node \"other\": exit 0, want a refusal; output:\n%s", n.ID(), out)
+	}
+	if !strings.Contains(out, "--id "+n.ID()) {
+		t.Errorf("the refusal does not name the recorded id (--id %s):\n%s", n.ID(), out)
+	}
+
+	n.SetArgs(noID)
+	n.Restart()
+	ctx := ctxFor(t, 60*time.Second)
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatalf("restarted without --id: %v", err)
+	}
+	ci, err := n.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Self != n.ID() {
+		t.Fatalf("restarted without --id: serves as %q, want the recorded %q", ci.Self, n.ID())
+	}
+	msgs, err := drain(ctx, n, "id", "g", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || msgs[0].Offset != want.Offset {
+		t.Fatalf("after the restart: got %d messages, want the one published at offset %d", len(msgs), want.Offset)
+	}
+
+	fresh := filepath.Join(t.TempDir(), "fresh")
+	out, err = runMqd(t, "--id", "a b", "--data-dir", fresh, "--http-addr", freeLoopback(t), "--raft-addr", freeLoopback(t))
+	if err == nil || !strings.Contains(out, "invalid node id") {
+		t.Fatalf("new node with id \"a b\": exit %v, want a refusal naming the invalid id; output:\n%s", err, out)
+	}
+}
+

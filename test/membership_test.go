@@ -256,11 +256,14 @@ func TestRemoveOnlyVoterRefused(t *testing.T) {
 func TestRestartedFollowerReadyOnlyWhenCaughtUp(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 90*time.Second)
 	leader, followers := mustRoles(t, c)
 	mustTopic(t, leader, "rr", nil)
 	f := followers[0]
 	for round := range 4 {
+		// Each round its own deadline: after a restart the leader's next
+		// append may wait out raft's backoff (up to about 10 s).
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
 		if err := f.Stop(); err != nil {
 			t.Fatal(err)
 		}

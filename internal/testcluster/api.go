@@ -14,6 +14,7 @@ type ClusterInfo struct {
 	CommitIndex       uint64     `json:"commit_index"`
 	LastSnapshotIndex uint64     `json:"last_snapshot_index"`
 	StateFormat       int        `json:"state_format"`
+	Self              string     `json:"self"` // the answering node's id
 }
 
 // LeaderID is the id of the leader this node knows, or "" if none.
