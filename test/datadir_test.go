@@ -149,4 +149,3 @@ func TestDataDirKeepsItsNodeID(t *testing.T) {
 		t.Fatalf("new node with id \"a b\": exit %v, want a refusal naming the invalid id; output:\n%s", err, out)
 	}
 }
-
