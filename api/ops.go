@@ -18,12 +18,9 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
-	if !s.node.Ready() {
+	if ok, why := s.node.Ready(); !ok {
 		body := map[string]any{"ready": false, "applied_index": s.node.FSM.AppliedIndex(),
-			"commit_index": s.node.Raft.CommitIndex()}
-		if st := s.node.Clock(); st.Bad {
-			body["reason"] = st.Reason
-		}
+			"commit_index": s.node.Raft.CommitIndex(), "reason": why}
 		ctx.Response.Header.Set("Retry-After", "1") // as every 503
 		writeJSON(ctx, 503, body)
 		return nil

@@ -379,13 +379,17 @@ func (n *Node) WaitLeader(ctx context.Context) bool {
 	}
 }
 
-// Ready reports whether the node knows a leader and has applied everything
-// it knows to be committed.
-func (n *Node) Ready() bool {
-	if _, _, ok := n.Leader(); !ok {
-		return false
+// Ready reports whether the node knows a leader, has applied everything
+// it knows to be committed, and its clock agrees with the cluster's; if
+// not, it says why.
+func (n *Node) Ready() (bool, string) {
+	if st := n.Clock(); st.Bad {
+		return false, st.Reason
 	}
-	return n.caughtUp() && !n.Clock().Bad
+	if _, _, ok := n.Leader(); !ok {
+		return false, "no leader known (an election, or this node is not in a cluster yet)"
+	}
+	return n.caughtUp()
 }
 
 // caughtUp reports whether the FSM has applied every committed entry. The
@@ -404,20 +408,26 @@ func (n *Node) Ready() bool {
 // when the node loses its leader, in watch). Only until then: under load a
 // probe often sees the leader a few entries ahead of a follower that is
 // keeping up, which would make /readyz flap.
-func (n *Node) caughtUp() bool {
+func (n *Node) caughtUp() (bool, string) {
 	commit, fsm := n.Raft.CommitIndex(), n.FSM.AppliedIndex()
 	if commit == 0 {
-		return false
+		return false, "no commit index from a leader yet"
 	}
 	if n.IsLeader() || n.caughtUpOnce.Load() {
-		return n.appliedTo(commit, fsm)
+		if !n.appliedTo(commit, fsm) {
+			return false, fmt.Sprintf("applying: %d of %d committed", fsm, commit)
+		}
+		return true, ""
 	}
 	lc, ok := n.leaderCommit()
-	if !ok || !n.appliedTo(max(commit, lc), fsm) {
-		return false
+	if !ok {
+		return false, "no answer from the leader to this node's status probe yet (GET /v1/internal/status, every 0.5 s; it needs the cluster's --node-token or TLS certificates)"
+	}
+	if commit = max(commit, lc); !n.appliedTo(commit, fsm) {
+		return false, fmt.Sprintf("catching up: applied %d of the leader's %d committed", fsm, commit)
 	}
 	n.caughtUpOnce.Store(true)
-	return true
+	return true, ""
 }
 
 // appliedTo reports whether the FSM, at fsm, has applied every entry up

@@ -163,6 +163,9 @@ func TestAuthMatrix(t *testing.T) {
 				expectError(t, name+" token "+ac.without, do(fx.secrets[ac.without]), 403, "forbidden")
 			}
 			r := do(fx.secrets[ac.with])
+			if ac.path == "/readyz" && r.Status == 503 && strings.Contains(string(r.Body), `"ready":false`) {
+				continue // open all the same: a follower may be a moment behind the writes above
+			}
 			if r.Status != ac.want {
 				t.Errorf("%s with %q: %d %s, want %d", name, ac.with, r.Status, r.Body, ac.want)
 			}
@@ -502,7 +505,7 @@ func TestJoinWithWrongNodeTokenWarns(t *testing.T) {
 		t.Fatalf("status of the node that never joined: %v %v, want last_contact_ms -1", r, err)
 	}
 	r, err = n2.Do(ctx, http.MethodGet, "/readyz", nil, nil)
-	if err != nil || r.Status != 503 || r.Header.Get("Retry-After") != "1" {
-		t.Fatalf("/readyz of the node that never joined: %v %v, want 503 with Retry-After: 1", r, err)
+	if err != nil || r.Status != 503 || r.Header.Get("Retry-After") != "1" || !strings.Contains(string(r.Body), "no leader known") {
+		t.Fatalf("/readyz of the node that never joined: %v %v, want 503 with Retry-After: 1 and the reason (no leader known)", r, err)
 	}
 }
