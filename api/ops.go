@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -18,9 +19,10 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
-	if ok, why := s.node.Ready(); !ok {
-		body := map[string]any{"ready": false, "applied_index": s.node.FSM.AppliedIndex(),
-			"commit_index": s.node.Raft.CommitIndex(), "reason": why}
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if v := s.node.Ready(rctx); !v.Ready {
+		body := map[string]any{"ready": false, "applied_index": v.Applied, "commit_index": v.Commit, "reason": v.Reason}
 		ctx.Response.Header.Set("Retry-After", "1") // as every 503
 		writeJSON(ctx, 503, body)
 		return nil
@@ -120,6 +122,13 @@ func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	if info.ID == "" || info.HTTPAddr == "" || info.RaftAddr == "" {
 		return ErrBadRequest
+	}
+	// A new member's id must be one a URL and a log line carry as it is
+	// (a binary older than the rule may send any); a recorded one stays.
+	if err := raftfsm.ValidateNodeID(info.ID); err != nil {
+		if _, member := s.node.FSM.Node(info.ID); !member {
+			return fmt.Errorf("%w: %v", ErrBadRequest, err)
+		}
 	}
 	if err := s.node.Join(r.ctx, info); err != nil {
 		return err

@@ -227,9 +227,6 @@ func (n *Node) watch(ctx context.Context) {
 					leader = d.LeaderID
 					n.metrics.leaderChanges.Inc()
 				}
-				if d.LeaderID == "" {
-					n.caughtUpOnce.Store(false)
-				}
 				if d.LeaderID != raft.ServerID(n.cfg.ID) {
 					clear(down) // only a leader watches its peers
 					n.raftDown.Clear()

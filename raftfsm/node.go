@@ -36,8 +36,6 @@ type Config struct {
 	// (default) or LogStoreBolt. An existing data dir keeps its own.
 	RaftLog string
 	Logger  *slog.Logger
-	// idDefault: ID was not given, Validate set it to RaftAdvertise.
-	idDefault bool
 }
 
 // Validate checks the configuration and fills defaults.
@@ -49,7 +47,7 @@ func (c *Config) Validate() error {
 		c.RaftAdvertise = c.RaftAddr
 	}
 	if c.ID == "" {
-		c.ID, c.idDefault = c.RaftAdvertise, true
+		c.ID = c.RaftAdvertise
 	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 8192
@@ -78,33 +76,32 @@ func (c *Config) Validate() error {
 
 // Node is one Raft member with its FSM.
 type Node struct {
-	cfg       Config
-	Raft      *raft.Raft
-	FSM       *FSM
-	trans     *raft.NetworkTransport
-	stores    *raftStores
-	dirLock   *dirLock // held from Open to Shutdown
-	disk      *diskGuard
-	clock     *clock
-	peers     peers
-	lowMember atomic.Value // string: a member whose latest probe answer says disk_low, or ""
-	raftDown  sync.Map     // ids of the peers this leader's heartbeats fail to reach
-	handoff   atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
-	inflight  atomic.Int64 // proposals between enter and leave
-	joinPeers atomic.Value // []string: Form's --join addresses, for clock probes
-	hadState  bool
-	// caughtUpOnce: since it last lost its leader, this follower has
-	// applied the leader's commit index as the leader reported it (caughtUp).
-	caughtUpOnce atomic.Bool
-	logger       *slog.Logger
-	batch        *batcher
-	sched        *scheduler
-	replays      *workSet[TopicGroup] // groups with a replay queued
-	trims        *workSet[string]     // topics that may need trimming
-	serving      atomic.Bool          // leader with its FSM caught up (after the term's barrier)
-	snaps        *raft.FileSnapshotStore
-	metrics      *nodeMetrics
-	observed     chan raft.Observation
+	cfg        Config
+	Raft       *raft.Raft
+	FSM        *FSM
+	trans      *raft.NetworkTransport
+	stores     *raftStores
+	dirLock    *dirLock // held from Open to Shutdown
+	disk       *diskGuard
+	clock      *clock
+	peers      peers
+	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or ""
+	raftDown   sync.Map     // ids of the peers this leader's heartbeats fail to reach
+	handoff    atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
+	inflight   atomic.Int64 // proposals between enter and leave
+	joinPeers  atomic.Value // []string: Form's --join addresses, for clock probes
+	hadState   bool
+	ready      readiness   // ready.go
+	idRecorded atomic.Bool // the data dir records this node's id (nodeid.go)
+	logger     *slog.Logger
+	batch      *batcher
+	sched      *scheduler
+	replays    *workSet[TopicGroup] // groups with a replay queued
+	trims      *workSet[string]     // topics that may need trimming
+	serving    atomic.Bool          // leader with its FSM caught up (after the term's barrier)
+	snaps      *raft.FileSnapshotStore
+	metrics    *nodeMetrics
+	observed   chan raft.Observation
 }
 
 // Open starts a node: raft log on raft-wal (or raft-boltdb), stable store
@@ -114,21 +111,20 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if _, existing, err := detectLogStore(cfg.DataDir); err != nil || !existing {
+		if err == nil {
+			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	lock, err := lockDataDir(cfg.DataDir) // before any other file of the dir
 	if err != nil {
 		return nil, err
-	}
-	if _, existing, err := detectLogStore(cfg.DataDir); err != nil || !existing {
-		if err == nil {
-			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
-		}
-		if err != nil {
-			lock.release()
-			return nil, err
-		}
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
@@ -154,11 +150,10 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
-	if err := n.settleID(); err != nil {
+	if err := n.checkID(); err != nil {
 		n.closeStores()
 		return nil, err
 	}
-	cfg.ID = n.cfg.ID
 	if n.stores.kind == LogStoreWAL {
 		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
 	}
@@ -379,75 +374,6 @@ func (n *Node) WaitLeader(ctx context.Context) bool {
 	}
 }
 
-// Ready reports whether the node knows a leader, has applied everything
-// it knows to be committed, and its clock agrees with the cluster's; if
-// not, it says why.
-func (n *Node) Ready() (bool, string) {
-	if st := n.Clock(); st.Bad {
-		return false, st.Reason
-	}
-	if _, _, ok := n.Leader(); !ok {
-		return false, "no leader known (an election, or this node is not in a cluster yet)"
-	}
-	return n.caughtUp()
-}
-
-// caughtUp reports whether the FSM has applied every committed entry. The
-// FSM only sees commands and configurations, so entries after the last one
-// it applied count as applied when raft has handed them on and none of them
-// is a command.
-//
-// Raft's commit index is 0 after a start until a leader's append (not a
-// heartbeat) tells the node the cluster's: until then it knows nothing
-// committed, and is not caught up. Even then a follower's commit index is
-// the lower of the leader's and the last entry it has received, so a
-// follower that came back far behind would count itself caught up between
-// two appends. A follower therefore also waits for the leader's own commit
-// index, by its answer to this node's latest probe since the start
-// (leaderCommit), until it has reached it once (caughtUpOnce; cleared
-// when the node loses its leader, in watch). Only until then: under load a
-// probe often sees the leader a few entries ahead of a follower that is
-// keeping up, which would make /readyz flap.
-func (n *Node) caughtUp() (bool, string) {
-	commit, fsm := n.Raft.CommitIndex(), n.FSM.AppliedIndex()
-	if commit == 0 {
-		return false, "no commit index from a leader yet"
-	}
-	if n.IsLeader() || n.caughtUpOnce.Load() {
-		if !n.appliedTo(commit, fsm) {
-			return false, fmt.Sprintf("applying: %d of %d committed", fsm, commit)
-		}
-		return true, ""
-	}
-	lc, ok := n.leaderCommit()
-	if !ok {
-		return false, "no answer from the leader to this node's status probe yet (GET /v1/internal/status, every 0.5 s; it needs the cluster's --node-token or TLS certificates)"
-	}
-	if commit = max(commit, lc); !n.appliedTo(commit, fsm) {
-		return false, fmt.Sprintf("catching up: applied %d of the leader's %d committed", fsm, commit)
-	}
-	n.caughtUpOnce.Store(true)
-	return true, ""
-}
-
-// appliedTo reports whether the FSM, at fsm, has applied every entry up
-// to commit.
-func (n *Node) appliedTo(commit, fsm uint64) bool {
-	if fsm >= commit {
-		return true
-	}
-	if n.Raft.AppliedIndex() < commit || commit-fsm > 64 {
-		return false
-	}
-	var l raft.Log
-	for i := fsm + 1; i <= commit; i++ {
-		if err := n.stores.log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
-			return false
-		}
-	}
-	return true
-}
-
 // Shutdown hands leadership off if leader, then stops raft and closes the
 // stores. The leader loops end with the context given to Run.
 func (n *Node) Shutdown() error {
@@ -457,6 +383,7 @@ func (n *Node) Shutdown() error {
 		}
 	}
 	err := n.Raft.Shutdown().Error()
+	n.closeReady()
 	n.trans.Close()
 	n.closeStores()
 	return err
@@ -471,6 +398,9 @@ func (n *Node) Bootstrap(servers []NodeInfo) error {
 	err := n.Raft.BootstrapCluster(cfg).Error()
 	if errors.Is(err, raft.ErrCantBootstrap) {
 		return nil
+	}
+	if err == nil {
+		n.recordID(cfg.Servers)
 	}
 	return err
 }

@@ -3,16 +3,18 @@ package raftfsm
 import (
 	"errors"
 	"fmt"
+	"slices"
 
+	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // A data dir records the id of the node it belongs to, in the stable store
-// (raft.db), at the node's first start. Raft knows a member by its id: the
-// same dir started under another id is a stranger to its own cluster's
-// configuration (it never votes, never leads, is never ready), so a
-// mistyped --id, or a default id that moved with the raft address, would
-// leave the member silently dead.
+// (raft.db), once the node is in its cluster's configuration under it.
+// Raft knows a member by its id: the same dir started under another id is
+// a stranger to its own cluster's configuration (it never votes, never
+// leads, is never ready), so a mistyped --id, or a default id that moved
+// with the raft address, would leave the member silently dead.
 var keyNodeID = []byte("mqd_node_id")
 
 // maxNodeIDLen bounds a new node id, in bytes.
@@ -45,31 +47,40 @@ func ValidateNodeID(id string) error {
 	return nil
 }
 
-// settleID reconciles the configured id with the one the data dir
-// records. A dir that records none (new, or made by mqd before ids were
-// recorded) records the configured one. A dir that records another is
-// refused when --id was given, and its recorded id is taken when the id
-// was only the default (the raft address, which may have changed).
-func (n *Node) settleID() error {
+// checkID refuses to start under an id other than the one the data dir
+// records (with a message naming it), whether --id was given or is the
+// default: a copy of a member's data dir (a cloned disk or image) must not
+// take that member's id by itself, and a node moved to another address
+// is named with --id by its operator.
+func (n *Node) checkID() error {
 	rec, err := n.stores.stable.Get(keyNodeID)
 	switch {
 	case errors.Is(err, raftboltdb.ErrKeyNotFound) || (err == nil && len(rec) == 0):
-		if err := n.stores.stable.Set(keyNodeID, []byte(n.cfg.ID)); err != nil {
-			return fmt.Errorf("record node id: %w", err)
-		}
 		return nil
 	case err != nil:
 		return fmt.Errorf("read node id: %w", err)
 	}
-	recorded := string(rec)
-	switch {
-	case recorded == n.cfg.ID:
-	case n.cfg.idDefault:
-		n.logger.Info("node id taken from the data dir", "id", recorded, "default_was", n.cfg.ID)
-		n.cfg.ID = recorded
-	default:
+	n.idRecorded.Store(true)
+	if recorded := string(rec); recorded != n.cfg.ID {
 		return fmt.Errorf("%w: data dir %s belongs to node %q, not %q: start it with --id %s (or give node %q a new data dir)",
 			ErrNodeIDMismatch, n.cfg.DataDir, recorded, n.cfg.ID, recorded, n.cfg.ID)
 	}
 	return nil
+}
+
+// recordID records this node's id in the data dir, once servers (the
+// raft configuration) holds it: a dir whose first start used an id its
+// configuration does not know (a restored backup started under the wrong
+// --id) records nothing, and may be started again under the right one.
+// Bootstrap records at once; a joining node, once the leader has added it
+// (probeAll).
+func (n *Node) recordID(servers []raft.Server) {
+	if n.idRecorded.Load() || !slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == n.cfg.ID }) {
+		return
+	}
+	if err := n.stores.stable.Set(keyNodeID, []byte(n.cfg.ID)); err != nil {
+		n.logger.Warn("could not record the node id in the data dir; trying again", "err", err)
+		return
+	}
+	n.idRecorded.Store(true)
 }

@@ -83,6 +83,7 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 	if err != nil {
 		return
 	}
+	n.recordID(servers)
 	infos := n.FSM.Nodes()
 	var wg sync.WaitGroup
 	keep := map[string]bool{}
@@ -209,7 +210,7 @@ func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raf
 			continue
 		}
 		if addr, ok := live(info.ID); ok && addr != info.RaftAddr {
-			return fmt.Errorf("%w: %q is a member at raft address %s and answers there; start the new node with another --id, or remove that member first (mqd cluster remove)",
+			return fmt.Errorf("%w: %q is a member at raft address %s and still runs there; start the new node with another --id, or remove that member first (mqd cluster remove)",
 				ErrNodeIDInUse, info.ID, s.Address)
 		}
 	}
@@ -266,25 +267,6 @@ func (n *Node) probeClock(ctx context.Context, client *http.Client, addr string,
 	}
 	shift, _ := wallShift()
 	n.clock.observe(st.ID, sent.Add(shift+recv.Sub(sent)/2).UnixMilli()-st.NowMs)
-}
-
-// leaderCommit is the commit index of the member that leads, by its latest
-// answer to this node's probes since the node started, and whether it has
-// answered one. An answer it gave while leading covers every entry
-// committed before it; an older one, or one it gave before it led (the
-// view of a new leader lags for up to a probe interval), is a lower bound.
-func (n *Node) leaderCommit() (uint64, bool) {
-	_, lid := n.Raft.LeaderWithID()
-	if lid == "" {
-		return 0, false
-	}
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	v := n.peers.views[string(lid)]
-	if v == nil || v.lastOK.IsZero() {
-		return 0, false
-	}
-	return v.status.CommitIndex, true
 }
 
 // Peer is how this node sees member id (not itself).

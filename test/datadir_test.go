@@ -3,12 +3,14 @@ package test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -90,50 +92,57 @@ func freeLoopback(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// A data dir records its node's id at the first start. Started under
-// another --id it is refused at once, naming the id it holds (raft knows
-// members by id: the dir would sit in its cluster as a stranger, never
-// voting, leading or ready). Started without --id, the default (the raft
-// address) gives way to the recorded id. A new node's id must be one a
-// URL and a log line carry as it is.
+// A data dir records its node's id once the node is in its cluster's
+// configuration under it. Started under another id, by --id or by the
+// default (its raft address, as a copy of the dir on another host would
+// be), it is refused at once, naming the recorded id: raft knows members
+// by id, and the dir would sit in its cluster as a stranger, never voting,
+// leading or ready, or, copied, stand in for the live member. A restored
+// backup first started under the wrong id records nothing, so the right
+// one still works. A new node's id must be one a URL and a log line carry
+// as it is, and a refused one leaves no data dir behind.
 func TestDataDirKeepsItsNodeID(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
+	ctx := ctxFor(t, 90*time.Second)
 	mustTopic(t, n, "id", nil)
 	want := mustPublish(t, n, "id", "kept", nil)
+	r, err := tc.DefaultClient.Do(ctx, "GET", n.URL()+"/v1/cluster/backup", nil, nil)
+	if err != nil || r.Expect(200) != nil {
+		t.Fatalf("backup: %v %v", err, r.Expect(200))
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(backup, r.Body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	orig := n.Args()
 	if err := n.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	args, noID := n.Args(), []string{}
-	for i := 0; i < len(args); i++ {
-		if args[i] == "--id" {
+	noID := []string{}
+	for i := 0; i < len(orig); i++ {
+		if orig[i] == "--id" {
 			i++
 			continue
 		}
-		noID = append(noID, args[i])
+		noID = append(noID, orig[i])
 	}
-
-	out, err := runMqd(t, append([]string{"--id", "other"}, noID...)...)
-	if err == nil {
-		t.Fatalf("data dir of %s started as node \"other\": exit 0, want a refusal; output:\n%s", n.ID(), out)
+	for _, args := range [][]string{append([]string{"--id", "other"}, noID...), noID} {
+		out, err := runMqd(t, args...)
+		if err == nil {
+			t.Fatalf("data dir of %s started with %v: exit 0, want a refusal; output:\n%s", n.ID(), args, out)
+		}
+		if !strings.Contains(out, "--id "+n.ID()) {
+			t.Errorf("the refusal does not name the recorded id (--id %s):\n%s", n.ID(), out)
+		}
 	}
-	if !strings.Contains(out, "--id "+n.ID()) {
-		t.Errorf("the refusal does not name the recorded id (--id %s):\n%s", n.ID(), out)
-	}
-
-	n.SetArgs(noID)
 	n.Restart()
-	ctx := ctxFor(t, 60*time.Second)
 	if err := n.WaitReady(ctx); err != nil {
-		t.Fatalf("restarted without --id: %v", err)
+		t.Fatalf("restarted with its own --id: %v", err)
 	}
-	ci, err := n.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ci.Self != n.ID() {
-		t.Fatalf("restarted without --id: serves as %q, want the recorded %q", ci.Self, n.ID())
+	if ci, err := n.Cluster(ctx); err != nil || ci.Self != n.ID() {
+		t.Fatalf("restarted: serves as %q (%v), want %q", ci.Self, err, n.ID())
 	}
 	msgs, err := drain(ctx, n, "id", "g", 300*time.Millisecond)
 	if err != nil {
@@ -143,9 +152,73 @@ func TestDataDirKeepsItsNodeID(t *testing.T) {
 		t.Fatalf("after the restart: got %d messages, want the one published at offset %d", len(msgs), want.Offset)
 	}
 
+	rdir, raddr, rhttp := filepath.Join(t.TempDir(), "r"), freeLoopback(t), freeLoopback(t)
+	if out, err := runMqd(t, "restore", "--data-dir", rdir, "--id", "r1", "--raft-addr", raddr, backup); err != nil {
+		t.Fatalf("mqd restore: %v\n%s", err, out)
+	}
+	wrong := startMqd(t, "--id", "wrong", "--data-dir", rdir, "--http-addr", rhttp, "--raft-addr", raddr)
+	waitURLStatus(ctx, t, "http://"+rhttp+"/healthz", 200)
+	wrong()
+	right := startMqd(t, "--id", "r1", "--data-dir", rdir, "--http-addr", rhttp, "--raft-addr", raddr)
+	defer right()
+	waitURLStatus(ctx, t, "http://"+rhttp+"/readyz", 200)
+
 	fresh := filepath.Join(t.TempDir(), "fresh")
-	out, err = runMqd(t, "--id", "a b", "--data-dir", fresh, "--http-addr", freeLoopback(t), "--raft-addr", freeLoopback(t))
+	out, err := runMqd(t, "--id", "a b", "--data-dir", fresh, "--http-addr", freeLoopback(t), "--raft-addr", freeLoopback(t))
 	if err == nil || !strings.Contains(out, "invalid node id") {
 		t.Fatalf("new node with id \"a b\": exit %v, want a refusal naming the invalid id; output:\n%s", err, out)
+	}
+	if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused id left its data dir behind (%v)", err)
+	}
+}
+
+// startMqd starts the mqd binary with args in the background; the
+// function returned stops it (SIGTERM, then SIGKILL after 10 s) and waits.
+func startMqd(t *testing.T, args ...string) func() {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(tc.Binary(t), args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			if t.Failed() {
+				t.Logf("mqd %v output:\n%s", args, out.String())
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitURLStatus polls url until it answers status; it fails the test when
+// ctx ends first.
+func waitURLStatus(ctx context.Context, t *testing.T, url string, status int) {
+	t.Helper()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, err := tc.DefaultClient.Do(rctx, "GET", url, nil, nil)
+		cancel()
+		if err == nil && r.Status == status {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s never answered %d (last: %v %v)", url, status, r, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -210,6 +210,14 @@ func TestJoinUnderLiveMemberIDRefused(t *testing.T) {
 			t.Fatalf("join under %s's id via %s: %d %s (%v), want 409 node_id_in_use", j.taken, j.via, r.Status, r.Body, cerr)
 		}
 	}
+	// A new member's id must be one a URL carries as it is.
+	r, err := leader.Do(ctx, "POST", "/v1/internal/join", map[string]string{"id": "n 4", "http_addr": other, "raft_addr": other}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, cerr := r.CheckError(); r.Status != 400 || cerr != nil || code != "bad_request" || !strings.Contains(string(r.Body), "invalid node id") {
+		t.Fatalf("join under id \"n 4\": %d %s (%v), want 400 bad_request naming the invalid id", r.Status, r.Body, cerr)
+	}
 	after, err := leader.Cluster(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -253,6 +261,9 @@ func TestRemoveOnlyVoterRefused(t *testing.T) {
 // the last entry it has received: one more than an append (64 entries)
 // behind counted itself caught up between two appends. Each round leaves
 // it 150 entries behind (the publishes are sequential: one entry each).
+// The odd rounds pause the follower (SIGSTOP) instead of restarting it, as
+// a VM freeze or a partition would: it kept its commit index, and counted
+// itself caught up by it as soon as it ran again.
 func TestRestartedFollowerReadyOnlyWhenCaughtUp(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
@@ -264,7 +275,10 @@ func TestRestartedFollowerReadyOnlyWhenCaughtUp(t *testing.T) {
 		// append may wait out raft's backoff (up to about 10 s).
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		if err := f.Stop(); err != nil {
+		paused := round%2 == 1
+		if paused {
+			f.Pause()
+		} else if err := f.Stop(); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 150 {
@@ -275,7 +289,11 @@ func TestRestartedFollowerReadyOnlyWhenCaughtUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		committed := ci.CommitIndex
-		f.Restart()
+		if paused {
+			f.Resume()
+		} else {
+			f.Restart()
+		}
 		for {
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
 			ready := f.Ready(rctx)
@@ -300,7 +318,7 @@ func TestRestartedFollowerReadyOnlyWhenCaughtUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		if st.AppliedIndex < committed {
-			t.Fatalf("round %d: %s answered /readyz 200 with applied %d (commit %d), behind the %d committed before it restarted", round, f, st.AppliedIndex, st.CommitIndex, committed)
+			t.Fatalf("round %d (paused %v): %s answered /readyz 200 with applied %d (commit %d), behind the %d committed before it came back", round, paused, f, st.AppliedIndex, st.CommitIndex, committed)
 		}
 	}
 }

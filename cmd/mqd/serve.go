@@ -224,7 +224,7 @@ func run(o *options) error {
 		}
 		logger.Info("auth: tokens loaded", "file", o.authFile, "tokens", tokens.Len())
 		if o.tlsCert == "" && o.nodeToken == "" {
-			logger.Warn("auth without TLS and without --node-token (MQD_NODE_TOKEN): other nodes will refuse this node's join and status calls; a single node is unaffected")
+			logger.Warn("auth without TLS and without --node-token (MQD_NODE_TOKEN): other nodes will refuse this node's join and status calls (a follower is not ready without them); a single node is unaffected")
 		}
 	}
 	var certs *tlsconf.Store

@@ -1,0 +1,168 @@
+package raftfsm
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Readiness (GET /readyz) of a follower is judged against the leader's
+// commit index, asked at the time. Raft's own commit index on a follower
+// is the lower of the leader's and the last entry the follower has
+// received: after a restart, a pause or a partition it may be far behind
+// while that index says it is caught up (it is 0 just after a start, and
+// stops at the end of each append of up to 64 entries). A follower that
+// keeps up applies what the leader had committed within milliseconds, so
+// the check waits a little for it instead of answering 503 for every
+// write in flight.
+const (
+	// readyAsk bounds the status request to the leader.
+	readyAsk = 500 * time.Millisecond
+	// readyFresh: one verdict answers every check for this long, and one
+	// check runs at a time, so a flood of /readyz (an open route) costs
+	// the node one check, and the leader one status request, per period.
+	readyFresh = 50 * time.Millisecond
+	// readyWait: how long a check waits for the FSM to reach the commit
+	// index before it answers not ready.
+	readyWait = 300 * time.Millisecond
+	readyPoll = 5 * time.Millisecond
+)
+
+// Readiness is the verdict of a readiness check.
+type Readiness struct {
+	Ready  bool
+	Reason string // why not, for a person
+	// Applied and Commit: the FSM's applied index, and the commit index
+	// it was judged against (on a follower, the leader's if higher).
+	Applied, Commit uint64
+}
+
+// readiness holds the latest verdict, and the client that asks the
+// leader (made at the first ask, kept for its connections).
+type readiness struct {
+	mu sync.Mutex
+	at time.Time
+	v  Readiness
+	hc *http.Client
+	// appliedTo: a commit index up to which every entry is known applied.
+	appliedTo atomic.Uint64
+}
+
+// Ready reports whether the node is ready to serve: its clock agrees with
+// the cluster's, it knows a leader (a leader: it has committed its term's
+// first entry), and it has applied everything the cluster had committed.
+func (n *Node) Ready(ctx context.Context) Readiness {
+	r := &n.ready
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.at.IsZero() && time.Since(r.at) < readyFresh {
+		return r.v
+	}
+	r.v = n.judgeReady(ctx)
+	r.at = time.Now()
+	return r.v
+}
+
+func (n *Node) judgeReady(ctx context.Context) Readiness {
+	v := Readiness{Applied: n.FSM.AppliedIndex(), Commit: n.Raft.CommitIndex()}
+	if st := n.Clock(); st.Bad {
+		v.Reason = st.Reason
+		return v
+	}
+	lid, addr, ok := n.Leader()
+	if !ok {
+		v.Reason = "no leader known (an election, or this node is not in a cluster yet)"
+		return v
+	}
+	if n.IsLeader() && !n.Serving() {
+		v.Reason = "newly elected: its term's first entry is not committed yet"
+		return v
+	}
+	if v.Commit == 0 {
+		v.Reason = "no commit index from a leader yet"
+		return v
+	}
+	if !n.IsLeader() {
+		lc, err := n.askLeaderCommit(ctx, lid, addr)
+		if err != nil {
+			v.Reason = fmt.Sprintf("the leader %s did not tell its commit index: %v (GET /v1/internal/status; it needs the cluster's --node-token or TLS certificates)", lid, err)
+			return v
+		}
+		v.Commit = max(v.Commit, lc)
+	}
+	wait := time.NewTimer(readyWait)
+	defer wait.Stop()
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	for {
+		v.Applied = n.FSM.AppliedIndex()
+		if n.appliedTo(v.Commit, v.Applied) {
+			v.Ready = true
+			return v
+		}
+		select {
+		case <-tick.C:
+			continue
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		v.Reason = fmt.Sprintf("catching up: applied %d of %d committed", v.Applied, v.Commit)
+		return v
+	}
+}
+
+// askLeaderCommit is leader lid's commit index, by its answer to a status
+// request made now.
+func (n *Node) askLeaderCommit(ctx context.Context, lid, addr string) (uint64, error) {
+	if n.ready.hc == nil {
+		n.ready.hc = n.peerClient(readyAsk)
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyAsk)
+	defer cancel()
+	st, err := n.getStatus(ctx, n.ready.hc, addr)
+	if err == nil && st.ID != lid {
+		err = fmt.Errorf("%s answers as %q", addr, st.ID)
+	}
+	return st.CommitIndex, err
+}
+
+// closeReady drops the connections kept for asking the leader.
+func (n *Node) closeReady() {
+	n.ready.mu.Lock()
+	defer n.ready.mu.Unlock()
+	if n.ready.hc != nil {
+		n.ready.hc.CloseIdleConnections()
+	}
+}
+
+// appliedTo reports whether the FSM, at fsm, has applied every entry up
+// to commit. The FSM counts only commands, so it has when raft has handed
+// every entry up to commit on and none after fsm is a command. A snapshot
+// the FSM holds (one it took, or one installed and restored, which raft
+// counts as applied only once restored) covers what it holds, though its
+// last command may be older (entries before it may be gone from the log).
+func (n *Node) appliedTo(commit, fsm uint64) bool {
+	if fsm >= commit || n.ready.appliedTo.Load() >= commit {
+		return true
+	}
+	applied := n.Raft.AppliedIndex()
+	if applied < commit {
+		return false
+	}
+	if s := n.LastSnapshotIndex(); s > fsm && s <= applied {
+		fsm = s
+	}
+	var l raft.Log
+	for i := fsm + 1; i <= commit; i++ {
+		if err := n.stores.log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+			return false
+		}
+	}
+	n.ready.appliedTo.Store(commit) // only grows: commit indexes do
+	return true
+}
