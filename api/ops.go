@@ -125,10 +125,8 @@ func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	// A new member's id must be one a URL and a log line carry as it is
 	// (a binary older than the rule may send any); a recorded one stays.
-	if err := raftfsm.ValidateNodeID(info.ID); err != nil {
-		if _, member := s.node.FSM.Node(info.ID); !member {
-			return fmt.Errorf("%w: %v", ErrBadRequest, err)
-		}
+	if err := raftfsm.ValidateNodeID(info.ID); err != nil && !s.node.IsMember(info.ID) {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	if err := s.node.Join(r.ctx, info); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,6 +128,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
+	n.ready.hc = n.peerClient(readyAsk)
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
 	if n.clock, err = newClock(); err != nil {
 		lock.release()
@@ -452,6 +454,16 @@ func (n *Node) Servers() ([]raft.Server, error) {
 		return nil, err
 	}
 	return f.Configuration().Servers, nil
+}
+
+// IsMember reports whether id is in the raft configuration or recorded in
+// the state.
+func (n *Node) IsMember(id string) bool {
+	if _, ok := n.FSM.Node(id); ok {
+		return true
+	}
+	servers, err := n.Servers()
+	return err == nil && slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == id })
 }
 
 // LastSnapshotIndex is the index of this node's latest snapshot.

@@ -43,12 +43,12 @@ type Readiness struct {
 }
 
 // readiness holds the latest verdict, and the client that asks the
-// leader (made at the first ask, kept for its connections).
+// leader (made in Open, kept for its connections).
 type readiness struct {
 	mu sync.Mutex
 	at time.Time
 	v  Readiness
-	hc *http.Client
+	hc *http.Client // set once in Open
 	// appliedTo: a commit index up to which every entry is known applied.
 	appliedTo atomic.Uint64
 }
@@ -80,7 +80,7 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 		return v
 	}
 	if n.IsLeader() && !n.Serving() {
-		v.Reason = "newly elected: its term's first entry is not committed yet"
+		v.Reason = "newly elected: not serving yet (applying what earlier terms committed, or checking the clocks)"
 		return v
 	}
 	if v.Commit == 0 {
@@ -119,9 +119,6 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 // askLeaderCommit is leader lid's commit index, by its answer to a status
 // request made now.
 func (n *Node) askLeaderCommit(ctx context.Context, lid, addr string) (uint64, error) {
-	if n.ready.hc == nil {
-		n.ready.hc = n.peerClient(readyAsk)
-	}
 	ctx, cancel := context.WithTimeout(ctx, readyAsk)
 	defer cancel()
 	st, err := n.getStatus(ctx, n.ready.hc, addr)
@@ -131,13 +128,10 @@ func (n *Node) askLeaderCommit(ctx context.Context, lid, addr string) (uint64, e
 	return st.CommitIndex, err
 }
 
-// closeReady drops the connections kept for asking the leader.
+// closeReady drops the connections kept for asking the leader (without
+// waiting for a check in flight).
 func (n *Node) closeReady() {
-	n.ready.mu.Lock()
-	defer n.ready.mu.Unlock()
-	if n.ready.hc != nil {
-		n.ready.hc.CloseIdleConnections()
-	}
+	n.ready.hc.CloseIdleConnections()
 }
 
 // appliedTo reports whether the FSM, at fsm, has applied every entry up
@@ -163,6 +157,10 @@ func (n *Node) appliedTo(commit, fsm uint64) bool {
 			return false
 		}
 	}
-	n.ready.appliedTo.Store(commit) // only grows: commit indexes do
-	return true
+	for { // keep the highest: a new leader's commit index may be lower
+		old := n.ready.appliedTo.Load()
+		if old >= commit || n.ready.appliedTo.CompareAndSwap(old, commit) {
+			return true
+		}
+	}
 }
