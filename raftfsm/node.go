@@ -94,6 +94,7 @@ type Node struct {
 	hadState   bool
 	ready      readiness   // ready.go
 	idRecorded atomic.Bool // the data dir records this node's id (nodeid.go)
+	idWarned   atomic.Bool // recording it failed and was logged once
 	logger     *slog.Logger
 	batch      *batcher
 	sched      *scheduler

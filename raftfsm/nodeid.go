@@ -79,7 +79,9 @@ func (n *Node) recordID(servers []raft.Server) {
 		return
 	}
 	if err := n.stores.stable.Set(keyNodeID, []byte(n.cfg.ID)); err != nil {
-		n.logger.Warn("could not record the node id in the data dir; trying again", "err", err)
+		if !n.idWarned.Swap(true) { // tried again every probe: say it once
+			n.logger.Warn("could not record the node id in the data dir; trying again at every probe", "err", err)
+		}
 		return
 	}
 	n.idRecorded.Store(true)
