@@ -333,3 +333,68 @@ func TestCLITLSAndToken(t *testing.T) {
 	expect(run(fx.secrets["pub"], "sub", "orders", "--group", "g", "--tls-ca", ca.CertPath()), 1, "forbidden")
 	expect(run(fx.secrets["ops"], "topic", "info", "orders", "--tls-ca", ca.CertPath()), 0, "messages  1")
 }
+
+// A one-shot command gives up after trying each server twice (at least
+// four tries), saying where nothing listens; sub keeps the client's ten
+// tries, riding out a node's restart.
+func TestCLIGivesUpOnDeadServers(t *testing.T) {
+	t.Parallel()
+	// A server that takes each connection and closes it at once: every
+	// try is one accepted connection, and a GET may be tried again.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conns := make(chan struct{}, 100)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns <- struct{}{} // counted before the client can see the close
+			c.Close()
+		}
+	}()
+	closing := "http://" + ln.Addr().String()
+	tries := func(args ...string) int {
+		t.Helper()
+		r := runCLI(t, closing, "", args...)
+		if r.code != 1 {
+			t.Errorf("mqd %s: exit %d, stderr %q; want 1", strings.Join(args, " "), r.code, r.stderr)
+		}
+		return countOut(conns)
+	}
+	if n := tries("topic", "list"); n != 4 {
+		t.Errorf("topic list against one closing server: %d tries, want 4", n)
+	}
+	if n := tries("sub", "orders", "--group", "g", "--wait", "1s"); n != 10 {
+		t.Errorf("sub against one closing server: %d tries, want the client's 10", n)
+	}
+
+	dl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + dl.Addr().String()
+	dl.Close()
+	fails(t, dead, 1, "no mqd listens at --server "+dead, "topic", "list")
+	// Three servers: each is tried twice.
+	if n := tries("topic", "list", "--server", strings.Join([]string{closing, dead, dead}, ",")); n != 2 {
+		t.Errorf("topic list against three servers, one closing: %d tries of it, want 2", n)
+	}
+}
+
+// countOut empties ch and returns how many it took out.
+func countOut(ch chan struct{}) int {
+	n := 0
+	for {
+		select {
+		case <-ch:
+			n++
+		default:
+			return n
+		}
+	}
+}

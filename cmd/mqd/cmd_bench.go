@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "bench", summary: "load a broker; a live progress line, then throughput and latency percentiles",
+	register(&command{name: "bench", longRunning: true, summary: "load a broker; a live progress line, then throughput and latency percentiles",
 		setup: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			var b bench
 			fs.IntVar(&b.publishers, "publishers", 4, "concurrent publishers (one request at a time each)")

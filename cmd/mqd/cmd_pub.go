@@ -115,7 +115,7 @@ func publishLines(ctx context.Context, c *cli, topic string, in io.Reader, key s
 }
 
 func init() {
-	register(&command{name: "sub", args: "TOPIC --group G",
+	register(&command{name: "sub", longRunning: true, args: "TOPIC --group G",
 		summary: "fetch messages, print each value on a line (JSON with --json), ack them",
 		setup: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
 			grp := fs.String("group", "", "consumer group (required)")
