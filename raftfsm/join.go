@@ -222,22 +222,14 @@ func (n *Node) nodeAuth(req *http.Request) {
 // peerClient is the HTTP client for node-to-node calls (join, status
 // probes): mutual TLS with the cluster's certificates when TLS is on.
 func (n *Node) peerClient(timeout time.Duration) *http.Client {
-	if n.cfg.TLS == nil {
-		// A transport of its own: closing its idle connections leaves
-		// the process's others alone, and node-to-node calls never go
-		// through an HTTP_PROXY.
-		return &http.Client{Timeout: timeout, Transport: &http.Transport{
-			Proxy:               nil,
-			MaxIdleConnsPerHost: 2,
-			IdleConnTimeout:     30 * time.Second,
-		}}
+	// A transport of its own: closing its idle connections leaves the
+	// process's others alone, and node-to-node calls never go through an
+	// HTTP_PROXY.
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}
+	if n.cfg.TLS != nil {
+		tr.DialTLSContext = n.cfg.TLS.DialContext
 	}
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{
-		Proxy:               nil,
-		DialTLSContext:      n.cfg.TLS.DialContext,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     30 * time.Second,
-	}}
+	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
 // peerURL is the URL of path on a peer's HTTP address.
