@@ -179,17 +179,17 @@ func TestJoinUnderLiveMemberIDRefused(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
-	if _, err := waitView(ctx, leader, "every member answering", func(ci tc.ClusterInfo) bool {
+	// Every member answering, with both its addresses recorded (a member
+	// records its HTTP address once the cluster has formed: taken before,
+	// the "before" view would differ from the "after" by that alone).
+	before, err := waitView(ctx, leader, "every member answering, its addresses recorded", func(ci tc.ClusterInfo) bool {
 		for _, n := range ci.Nodes {
-			if n.State != "leader" && n.State != "follower" {
+			if (n.State != "leader" && n.State != "follower") || n.HTTPAddr == "" || n.RaftAddr == "" {
 				return false
 			}
 		}
 		return len(ci.Nodes) == 3
-	}); err != nil {
-		t.Fatal(err)
-	}
-	before, err := leader.Cluster(ctx)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
