@@ -3,7 +3,7 @@ package api
 import (
 	"encoding/base64"
 	"fmt"
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/mqd/mqd/dlq"
@@ -101,8 +101,8 @@ func queryUint(ctx *fasthttp.RequestCtx, name string, def, lo, hi uint64) (uint6
 	if len(v) == 0 {
 		return def, nil
 	}
-	n, err := strconv.ParseUint(string(v), 10, 64)
-	if err != nil || n < lo || n > hi {
+	n, ok := parseDigits(v)
+	if !ok || n < lo || n > hi {
 		return 0, fmt.Errorf("%w: query %s must be an integer in [%d, %d]", ErrBadRequest, name, lo, hi)
 	}
 	return n, nil
@@ -165,12 +165,26 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	if len(b.IDs) > maxDLQPage {
 		return fmt.Errorf("%w: at most %d ids", ErrBadRequest, maxDLQPage)
 	}
+	if slices.Contains(b.IDs, 0) {
+		return fmt.Errorf("%w: dead-letter ids are positive integers, got 0", ErrBadRequest)
+	}
 	rate := int64(defaultReplayRate)
 	if b.RatePerSec != nil {
 		if err := checkRange("rate_per_sec", *b.RatePerSec, 1, maxReplayRate); err != nil {
 			return err
 		}
 		rate = *b.RatePerSec
+	}
+	if all {
+		// Nothing to replay writes nothing: no raft entry for an empty
+		// store (a 404 for a missing topic or group all the same).
+		empty, err := s.noDeadLetters(r)
+		if err != nil || empty {
+			if err == nil {
+				writeJSON(ctx, 200, map[string]any{"accepted": 0, "rate_per_sec": rate})
+			}
+			return err
+		}
 	}
 	if err := s.node.CheckDisk(0); err != nil {
 		return err
@@ -184,9 +198,21 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	return nil
 }
 
+// noDeadLetters reports whether the route's group holds no dead letter
+// (errors: the topic or group does not exist).
+func (s *Server) noDeadLetters(r *route) (bool, error) {
+	var n int
+	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+		letters, err := rd.DeadLetters(r.topic, r.group, 0, 1, "")
+		n = len(letters)
+		return err
+	})
+	return n == 0, err
+}
+
 func (s *Server) deleteDeadLetter(ctx *fasthttp.RequestCtx, r *route) error {
-	id, err := strconv.ParseUint(r.dlqID, 10, 64)
-	if err != nil || id == 0 {
+	id, ok := parseDigits([]byte(r.dlqID))
+	if !ok || id == 0 {
 		return fmt.Errorf("%w: dead-letter id must be a positive integer", ErrBadRequest)
 	}
 	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteDeadLetter, Now: nowMs(), Topic: r.topic,

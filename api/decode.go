@@ -67,3 +67,21 @@ func checkRange(field string, v, lo, hi int64) error {
 
 // decodeLoose decodes what it can, ignoring unknown fields and errors.
 func decodeLoose(body []byte, v any) error { return json.Unmarshal(body, v) }
+
+// parseDigits reads a decimal number written with ASCII digits only, as
+// every numeric header, query parameter and path id must be: no sign, no
+// spaces, no underscores ("+5", which strconv.ParseInt takes, is refused).
+// More than 19 digits is refused too (it could overflow).
+func parseDigits(v []byte) (uint64, bool) {
+	if len(v) == 0 || len(v) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
+}

@@ -82,6 +82,10 @@ func expectedStatuses(r *Route, key string) []int {
 func docPath(pattern string) string { return strings.ReplaceAll(pattern, "...}", "}") }
 
 type openapiOp struct {
+	Parameters []struct {
+		Name string `yaml:"name"`
+		In   string `yaml:"in"`
+	} `yaml:"parameters"`
 	Responses  map[string]yaml.Node `yaml:"responses"`
 	Permission string               `yaml:"x-mqd-permission"`
 	Leader     *bool                `yaml:"x-mqd-leader"`
@@ -180,6 +184,15 @@ func TestOpenAPI(t *testing.T) {
 			t.Errorf("%s: openapi.yaml documents statuses %v, the route answers %v", key, documented, want)
 		}
 		checkErrorResponses(t, d, key, op)
+		var query []string
+		for _, p := range op.Parameters {
+			if p.In == "query" {
+				query = append(query, p.Name)
+			}
+		}
+		if strings.HasPrefix(r.Pattern, "/v1/") && !slices.Equal(query, r.Query) {
+			t.Errorf("%s: openapi.yaml documents query parameters %v, the route takes %v (any other is a 400)", key, query, r.Query)
+		}
 	}
 	for key := range ops {
 		if !seen[key] {

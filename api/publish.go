@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -55,9 +56,9 @@ func producerFromHeaders(h *fasthttp.RequestHeader) (producer, error) {
 	if err != nil {
 		return producer{}, err
 	}
-	n, err := strconv.ParseUint(string(seq), 10, 63)
-	if err != nil {
-		return producer{}, fmt.Errorf("%w: Mq-Producer-Seq must be a non-negative integer", ErrBadHeader)
+	n, ok := parseDigits(seq)
+	if !ok || n > math.MaxInt64 {
+		return producer{}, fmt.Errorf("%w: Mq-Producer-Seq must be a non-negative integer (digits only, at most %d)", ErrBadHeader, int64(math.MaxInt64))
 	}
 	return producer{id: pid, seq: n}, nil
 }
@@ -208,11 +209,11 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 		if !ok {
 			continue
 		}
-		x, err := strconv.ParseInt(string(v), 10, 64)
-		if err != nil || x < 0 || x > n.max {
-			return m, fmt.Errorf("%w: %s must be an integer in [0, %d]", ErrBadHeader, n.name, n.max)
+		x, ok := parseDigits(v)
+		if !ok || x > uint64(n.max) {
+			return m, fmt.Errorf("%w: %s must be an integer in [0, %d], digits only", ErrBadHeader, n.name, n.max)
 		}
-		*n.dst = x
+		*n.dst = int64(x)
 	}
 	if m.msg.DeliverAt > 0 {
 		m.msg.DeliverAt += nowMs()

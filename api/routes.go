@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/mqd/mqd/auth"
 	mlog "github.com/mqd/mqd/log"
@@ -64,6 +66,11 @@ type Route struct {
 	Pattern string
 	Leader  bool // runs on the leader: forwarded there by a follower
 	Perm    Perm
+	// Query names the query parameters the route takes. On a /v1/ route
+	// any other parameter, a repeated one, or a name or value that is not
+	// valid UTF-8 is refused (checkQuery); other routes (the console,
+	// profiles, probes) are not checked.
+	Query   []string
 	handler func(*fasthttp.RequestCtx, *route) error
 
 	hasTopic, hasGroup bool // the pattern names them
@@ -97,6 +104,7 @@ func (s *Server) routes() []Route {
 		pprofhandler.PprofHandler(ctx)
 		return nil
 	}
+	withQuery := func(r Route, names ...string) Route { r.Query = names; return r }
 	return []Route{
 		rt("GET", "/healthz", false, PermOpen, s.healthz),
 		rt("GET", "/readyz", false, PermOpen, s.readyz),
@@ -112,7 +120,7 @@ func (s *Server) routes() []Route {
 		rt("GET", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 		rt("POST", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 
-		rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics),
+		withQuery(rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics), "limit", "after"),
 		rt("PUT", topic, true, PermAdmin, s.putTopic),
 		rt("GET", topic, true, PermAnyTopic, s.getTopic),
 		rt("DELETE", topic, true, PermAdmin, s.deleteTopic),
@@ -125,7 +133,7 @@ func (s *Server) routes() []Route {
 		rt("POST", grp+"/ack", true, PermConsume, s.ack),
 		rt("POST", grp+"/nack", true, PermConsume, s.nack),
 		rt("POST", grp+"/extend", true, PermConsume, s.extend),
-		rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters),
+		withQuery(rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters), "limit", "after", "idempotency_key"),
 		rt("POST", grp+"/dlq/replay", true, PermAdmin, s.replayDeadLetters),
 		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
 	}
@@ -282,4 +290,39 @@ func (r *route) validate() error {
 		return fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, r.group)
 	}
 	return nil
+}
+
+// checkQuery refuses, on a /v1/ route, a query parameter the route does
+// not take, one given more than once (which value counts would be a
+// guess), and a name or value that is not valid UTF-8 once
+// percent-decoded (after=%ff). It runs before the request is forwarded to
+// the leader or anything is looked up.
+func (r *route) checkQuery(args *fasthttp.Args) error {
+	if !strings.HasPrefix(r.def.Pattern, "/v1/") || args.Len() == 0 {
+		return nil
+	}
+	seen := make(map[string]bool, args.Len())
+	for k, v := range args.All() {
+		name := string(k)
+		switch {
+		case !utf8.ValidString(name):
+			return fmt.Errorf("%w: a query parameter's name is not valid UTF-8", ErrBadRequest)
+		case !slices.Contains(r.def.Query, name):
+			return fmt.Errorf("%w: unknown query parameter %q; %s", ErrBadRequest, name, r.takes())
+		case seen[name]:
+			return fmt.Errorf("%w: query parameter %s given more than once, give it once", ErrBadRequest, name)
+		case !utf8.Valid(v):
+			return fmt.Errorf("%w: query parameter %s is not valid UTF-8", ErrBadRequest, name)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// takes says which query parameters the route takes.
+func (r *route) takes() string {
+	if len(r.def.Query) == 0 {
+		return r.def.Method + " " + r.def.Pattern + " takes none"
+	}
+	return r.def.Method + " " + r.def.Pattern + " takes " + strings.Join(r.def.Query, ", ")
 }

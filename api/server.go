@@ -188,6 +188,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		} else if err = s.authorize(ctx, r); err == nil {
 			err = r.validate()
 		}
+		if err == nil {
+			err = r.checkQuery(ctx.QueryArgs())
+		}
 	}
 	if err == nil && r.id != nil {
 		err = s.limits.token(r.id.Name())
@@ -224,9 +227,9 @@ func deadline(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc, er
 		return nil, nil, err
 	}
 	if ok {
-		ms, err := strconv.ParseInt(string(v), 10, 64)
-		if err != nil || ms < 1 || ms > int64(maxTimeout/time.Millisecond) {
-			return nil, nil, fmt.Errorf("%w: Mq-Timeout-Ms must be an integer in [1, %d]", ErrBadHeader, maxTimeout/time.Millisecond)
+		ms, ok := parseDigits(v)
+		if !ok || ms < 1 || ms > uint64(maxTimeout/time.Millisecond) {
+			return nil, nil, fmt.Errorf("%w: Mq-Timeout-Ms must be an integer in [1, %d], digits only", ErrBadHeader, maxTimeout/time.Millisecond)
 		}
 		d = time.Duration(ms) * time.Millisecond
 	}

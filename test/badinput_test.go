@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -520,4 +521,110 @@ func testBadInputRaw(t *testing.T, c *tc.Cluster) {
 		}
 		mustPublish(t, nd, topic, "still fine after raw input via "+nd.ID(), nil)
 	}
+}
+
+// Query parameters, numeric headers and dead-letter ids at their edges: a
+// parameter a route does not take, one given twice, a cursor that is not
+// UTF-8 once decoded, a number with a sign, a replay of id 0 are each a
+// 400 with a JSON error, and none of them, nor a replay of "all" on a group
+// with no dead letters, writes anything: the commit index does not move.
+func TestQueryAndNumberEdgesChangeNothing(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	ctx := ctxFor(t, 60*time.Second)
+	n := mustLeader(t, c)
+	mustTopic(t, n, "q", nil)
+	mustPublish(t, n, "q", "one", nil)
+	if r, err := n.Do(ctx, http.MethodPut, "/v1/topics/q/groups/empty", nil, nil); err != nil || r.Status/100 != 2 {
+		t.Fatalf("create group: %v %v", r, err)
+	}
+	const (
+		dlq    = "/v1/topics/q/groups/empty/dlq"
+		replay = dlq + "/replay"
+		pub    = "/v1/topics/q/messages"
+	)
+	before := settledCommit(ctx, t, n)
+	cases := []badCase{
+		{name: "topics limit twice", method: "GET", path: "/v1/topics?limit=1&limit=2"},
+		{name: "topics after twice", method: "GET", path: "/v1/topics?after=a&after=b"},
+		{name: "topics unknown parameter", method: "GET", path: "/v1/topics?limt=1"},
+		{name: "topics after %ff", method: "GET", path: "/v1/topics?after=%ff"},
+		{name: "topics after cut UTF-8", method: "GET", path: "/v1/topics?after=caf%C3"},
+		{name: "topics after overlong NUL", method: "GET", path: "/v1/topics?after=%C0%80"},
+		{name: "topics parameter name %fe", method: "GET", path: "/v1/topics?a%fe=1"},
+		{name: "topics limit +5", method: "GET", path: "/v1/topics?limit=+5"},
+		{name: "topics limit %2B5", method: "GET", path: "/v1/topics?limit=%2B5"},
+		{name: "dlq limit twice", method: "GET", path: dlq + "?limit=1&limit=2"},
+		{name: "dlq after twice", method: "GET", path: dlq + "?after=1&after=2"},
+		{name: "dlq key twice", method: "GET", path: dlq + "?idempotency_key=a&idempotency_key=b"},
+		{name: "dlq unknown parameter", method: "GET", path: dlq + "?cursor=1"},
+		{name: "dlq after %ff", method: "GET", path: dlq + "?after=%ff"},
+		{name: "dlq key %ff", method: "GET", path: dlq + "?idempotency_key=%ff"},
+		{name: "dlq after +1", method: "GET", path: dlq + "?after=%2B1"},
+		{name: "publish takes no parameter", method: "POST", path: pub + "?partition=1", body: "x"},
+		{name: "put topic takes no parameter", method: "PUT", path: "/v1/topics/q2?partitions=2", body: `{}`},
+		{name: "replay takes no parameter", method: "POST", path: replay + "?all=true", body: `{"all":true}`},
+		{name: "replay id 0", method: "POST", path: replay, body: `{"ids":[0]}`},
+		{name: "replay ids 1 and 0", method: "POST", path: replay, body: `{"ids":[1,0]}`},
+		{name: "dlq delete id +1", method: "DELETE", path: dlq + "/+1"},
+		{name: "publish Mq-Delay-Ms +5", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Delay-Ms": "+5"}},
+		{name: "publish Mq-Max-Retry +1", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Max-Retry": "+1"}},
+		{name: "publish Mq-Backoff-Base-Ms +10", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Backoff-Base-Ms": "+10"}},
+		{name: "publish Mq-Backoff-Jitter-Ms +10", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Backoff-Jitter-Ms": "+10"}},
+		{name: "publish Mq-Producer-Seq +1", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "+1"}},
+		{name: "publish Mq-Timeout-Ms +100", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Timeout-Ms": "+100"}},
+		{name: "publish Mq-Delay-Ms 5_0", method: "POST", path: pub, body: "x", hdr: map[string]string{"Mq-Delay-Ms": "5_0"}},
+	}
+	for _, bc := range cases {
+		h := http.Header{}
+		for k, v := range bc.hdr {
+			h.Set(k, v)
+		}
+		r, err := n.DoHeader(ctx, bc.method, bc.path, bc.body, h)
+		if err != nil {
+			t.Fatalf("%s: %v", bc.name, err)
+		}
+		if r.Status != http.StatusBadRequest {
+			t.Errorf("%s: %s %s: status %d %s, want 400", bc.name, bc.method, bc.path, r.Status, shorten(string(r.Body)))
+			continue
+		}
+		if _, err := r.CheckError(); err != nil {
+			t.Errorf("%s: %v", bc.name, err)
+		}
+	}
+	mid := settledCommit(ctx, t, n)
+	if mid != before {
+		t.Errorf("commit index %d before the bad requests, %d after: they wrote %d entries", before, mid, mid-before)
+	}
+	// Nothing to replay: 200, accepted 0, and no raft entry.
+	r, err := n.Do(ctx, http.MethodPost, replay, map[string]any{"all": true}, nil)
+	if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"accepted":0`) {
+		t.Fatalf("replay all of an empty dead-letter store: %v %v, want 200 accepted 0", r, err)
+	}
+	if r, err := n.Do(ctx, http.MethodPost, "/v1/topics/q/groups/nope/dlq/replay", map[string]any{"all": true}, nil); err != nil || r.Status != http.StatusNotFound {
+		t.Errorf("replay all of a missing group: %v %v, want 404", r, err)
+	}
+	if after := settledCommit(ctx, t, n); after != mid {
+		t.Errorf("commit index %d before the replay of all on a group with no dead letters, %d after: it wrote %d entries", mid, after, after-mid)
+	}
+	// Positive controls: the parameters each route takes, once each.
+	for _, p := range []string{"/v1/topics?limit=1&after=", "/v1/topics?after=q", dlq + "?limit=5&after=0&idempotency_key=k"} {
+		if r, err := n.Do(ctx, http.MethodGet, p, nil, nil); err != nil || r.Status != http.StatusOK {
+			t.Errorf("GET %s: %v %v, want 200", p, r, err)
+		}
+	}
+	mustPublish(t, n, "q", "two", map[string]string{"Mq-Delay-Ms": "5", "Mq-Timeout-Ms": "5000"})
+}
+
+// settledCommit answers the node's commit index once everything committed
+// is applied.
+func settledCommit(ctx context.Context, t *testing.T, n *tc.Node) uint64 {
+	t.Helper()
+	ci, err := waitView(ctx, n, "applied to commit", func(ci tc.ClusterInfo) bool {
+		return ci.CommitIndex > 0 && ci.AppliedIndex >= ci.CommitIndex
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ci.CommitIndex
 }
