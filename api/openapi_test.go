@@ -24,6 +24,7 @@ var routeStatuses = map[string][]int{
 	"POST /v1/internal/join":        {200, 409}, // state_format_unsupported
 	"DELETE /v1/cluster/nodes/{id}": {200, 404, 409},
 	"GET /v1/cluster/backup":        {200, 507}, // insufficient_storage: no room for the copy
+	"POST /v1/cluster/clock/accept": {200, 400}, // bad_request: a body that is not an empty object
 	"GET /v1/openapi.yaml":          {200},
 	"GET /debug/pprof/{profile}":    {200, 404}, // not_found: profiles are off (no --pprof)
 	"POST /debug/pprof/{profile}":   {200, 404},

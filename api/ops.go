@@ -110,6 +110,17 @@ func (s *Server) removeNode(ctx *fasthttp.RequestCtx, r *route) error {
 	return nil
 }
 
+// acceptClock accepts this node's clock when, the only voter, it refuses
+// to lead because its clock jumped ahead while it was down (timeline.go).
+func (s *Server) acceptClock(ctx *fasthttp.RequestCtx, _ *route) error {
+	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
+		return err
+	}
+	ahead, accepted := s.node.AcceptClock()
+	writeJSON(ctx, 200, map[string]any{"accepted": accepted, "ahead_ms": ahead.Milliseconds()})
+	return nil
+}
+
 func (s *Server) status(ctx *fasthttp.RequestCtx, _ *route) error {
 	writeJSON(ctx, 200, s.node.Status())
 	return nil

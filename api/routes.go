@@ -114,6 +114,7 @@ func (s *Server) routes() []Route {
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
 		rt("DELETE", "/v1/cluster/nodes/{id}", true, PermCluster, s.removeNode),
 		rt("GET", "/v1/cluster/backup", false, PermCluster, s.backup),
+		rt("POST", "/v1/cluster/clock/accept", false, PermCluster, s.acceptClock),
 		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),
 		rt("GET", "/ui", false, PermOpen, s.console),
 		rt("GET", "/ui/{file...}", false, PermOpen, s.console),

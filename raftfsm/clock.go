@@ -12,14 +12,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Clock skew. The leader stamps its wall clock into every command, so a
+// Clock skew. The leader stamps its service clock (timeline.go: its wall
+// clock as followed by the monotonic clock) into every command, so a
 // leader whose clock is far off would expire dedup keys and leases early
-// (ahead) or late (behind). Two defences:
+// (ahead) or late (behind). The defences:
 //   - the FSM never lets time go backwards (fsm.go, clampNow);
-//   - every node measures its clock against the others' on the status probes
-//     (peers.go), and a node whose clock is off from a majority of the voters
-//     by more than --max-clock-offset does not lead: it hands leadership off,
-//     and it answers /readyz 503 with the reason.
+//   - the service clock follows a wall clock stepped while running at 1 %
+//     only (timeline.go);
+//   - every node measures its wall clock against the others' on the status
+//     probes (peers.go), and a node whose clock is off from a majority of the
+//     voters by more than --max-clock-offset does not lead: it hands
+//     leadership off, and it answers /readyz 503 with the reason;
+//   - a single-node cluster, with nobody to compare with, checks its wall
+//     clock against the one it recorded when it last ran (timeline.go).
 
 // TestClockOffsetEnv shifts the process's wall clock, for tests of clock
 // skew only: MQD_TEST_CLOCK_OFFSET=8d (a time.ParseDuration value, or
@@ -48,18 +53,11 @@ func wallShift() (time.Duration, error) {
 	return shift, shiftErr
 }
 
-// Now is the node's wall clock: what it stamps into commands and compares
-// due times with. Every wall-clock reading of the node goes through it.
-func Now() time.Time {
-	d, _ := wallShift()
-	return time.Now().Add(d)
-}
-
-// WallClock is Now as a delay.Clock.
-type WallClock struct{}
+// ServiceClock is Now (timeline.go) as a delay.Clock.
+type ServiceClock struct{}
 
 // Now returns Now().
-func (WallClock) Now() time.Time { return Now() }
+func (ServiceClock) Now() time.Time { return Now() }
 
 // parseDays is time.ParseDuration that also takes whole days ("8d", "-2d").
 func parseDays(v string) (time.Duration, error) {
@@ -114,6 +112,9 @@ type ClockState struct {
 	// of the voters (itself included); Reason says how.
 	Bad    bool
 	Reason string
+	// Solo: the node is the only voter; Bad then means its clock jumped
+	// ahead while it was down (timeline.go).
+	Solo bool
 }
 
 // Clock judges this node's clock: it is bad when fewer than a majority of
@@ -151,6 +152,11 @@ func (n *Node) Clock() ClockState {
 	slices.Sort(offs)
 	st := ClockState{Offset: time.Duration(offs[len(offs)/2]) * time.Millisecond}
 	st.Known = voters <= 1 || measuredN+1 >= quorum
+	if voters <= 1 {
+		st.Reason, st.Bad = n.soloClockBad()
+		st.Solo = true
+		return st
+	}
 	if within < quorum && st.Known {
 		st.Bad = true
 		st.Reason = fmt.Sprintf("clock is %v off from the cluster's (median of %d voters), further than --max-clock-offset %v from a majority",
@@ -167,6 +173,10 @@ func (n *Node) clockGate(ctx context.Context) bool {
 	for {
 		st := n.Clock()
 		switch {
+		case st.Bad && st.Solo: // nobody to hand off to: wait to be told
+			if !n.clockStart.reported.Swap(true) {
+				n.logger.Error("not leading: " + st.Reason)
+			}
 		case st.Bad:
 			n.handOffForClock(st)
 			if !n.IsLeader() {
@@ -197,13 +207,16 @@ func (n *Node) clockCollectors() []prometheus.Collector {
 			Help: "This node's wall clock minus the cluster's (median of the offsets measured to the voters, this node's 0 included)."},
 			func() float64 { return n.Clock().Offset.Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_offset_bad",
-			Help: "1 while this node's clock is further than --max-clock-offset from a majority of the voters (it does not lead, /readyz is 503)."},
+			Help: "1 while this node's clock is further than --max-clock-offset from a majority of the voters, or, the only voter, ahead of the clock it recorded plus the time it was down (it does not lead, /readyz is 503)."},
 			func() float64 {
 				if n.Clock().Bad {
 					return 1
 				}
 				return 0
 			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_service_lag_seconds",
+			Help: "This node's wall clock minus its service clock, which the leader stamps into commands and which slews toward the wall clock at 1 %."},
+			func() float64 { return Wall().Sub(Now()).Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_clock_max_offset_seconds", Help: "--max-clock-offset."},
 			func() float64 { return n.cfg.MaxClockOffset.Seconds() }),
 	}

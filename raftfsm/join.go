@@ -40,7 +40,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
-		NowMs: Now().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
+		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
 		DiskLow: n.disk.isLow(0)}
 }
 

@@ -48,6 +48,7 @@ func (n *Node) Run(ctx context.Context) {
 	go n.snapshotLoop(ctx)
 	go n.watch(ctx)
 	go n.probeLoop(ctx)
+	go n.recordClockLoop(ctx.Done())
 	ch := n.Raft.LeaderCh()
 	for {
 		select {
@@ -96,6 +97,8 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	if !n.clockGate(ctx) {
 		return
 	}
+	st := n.Clock()
+	n.anchorServiceClock(!st.Solo && st.Known && !st.Bad)
 	n.serving.Store(true)
 	defer n.serving.Store(false)
 	if err := n.Join(ctx, n.Info()); err != nil {

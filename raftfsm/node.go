@@ -33,6 +33,9 @@ type Config struct {
 	// MaxClockOffset: further than this from a majority of the voters'
 	// clocks, the node does not lead and is not ready (clock.go).
 	MaxClockOffset time.Duration
+	// AcceptClock: a single-node cluster leads even when its wall clock is
+	// ahead of the one it recorded plus the time it was down (timeline.go).
+	AcceptClock bool
 	// RaftLog is the raft log store for a new data dir: LogStoreWAL
 	// (default) or LogStoreBolt. An existing data dir keeps its own.
 	RaftLog string
@@ -85,6 +88,7 @@ type Node struct {
 	dirLock    *dirLock // held from Open to Shutdown
 	disk       *diskGuard
 	clock      *clock
+	clockStart startClock // timeline.go
 	peers      peers
 	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or ""
 	raftDown   sync.Map     // ids of the peers this leader's heartbeats fail to reach
@@ -142,6 +146,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
@@ -386,6 +391,7 @@ func (n *Node) Shutdown() error {
 		}
 	}
 	err := n.Raft.Shutdown().Error()
+	n.recordClock()
 	n.closeReady()
 	n.trans.Close()
 	n.closeStores()

@@ -33,7 +33,7 @@ type wakeup struct {
 }
 
 func newScheduler(n *Node) *scheduler {
-	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond, Clock: WallClock{}})
+	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond, Clock: ServiceClock{}})
 	if err != nil {
 		panic(err) // the config is a constant
 	}

@@ -40,6 +40,7 @@ const (
 	flagPprof             = "pprof"
 	flagMinFreeDisk       = "min-free-disk"
 	flagMaxClockOffset    = "max-clock-offset"
+	flagAcceptClock       = "accept-clock"
 	flagAuthFile          = "auth-file"
 	flagNodeToken         = "node-token"
 	flagInsecure          = "insecure"
@@ -61,7 +62,7 @@ const (
 type options struct {
 	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel, raftLog string
 	logFormat                                                               string
-	pprof                                                                   bool
+	pprof, acceptClock                                                      bool
 	authFile, nodeToken                                                     string
 	tlsCert, tlsKey, tlsCA                                                  string
 	ratePerToken, ratePerConn                                               float64
@@ -96,6 +97,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
 	fs.DurationVar(&o.maxClockOffset, flagMaxClockOffset, raftfsm.DefaultMaxClockOffset, "a node whose clock is further than this from a majority of the voters' does not lead and is not ready (positive)")
+	fs.BoolVar(&o.acceptClock, flagAcceptClock, false, "the only voter of a cluster leads even when its clock is ahead of the one it recorded when it last ran plus the time it was down (by more than --max-clock-offset); without it, it waits, not ready")
 	fs.StringVar(&o.authFile, flagAuthFile, "", "JSON file of access tokens (SHA-256 hashes and permissions); re-read on SIGHUP")
 	fs.StringVar(&o.nodeToken, flagNodeToken, "", "token (with the cluster permission) this node sends on node-to-node calls when TLS is off")
 	fs.BoolVar(&o.insecure, flagInsecure, false, "serve without --auth-file on a non-loopback --http-addr")
@@ -244,7 +246,7 @@ func run(o *options) error {
 		NodeToken:         o.nodeToken,
 		TLS:               certs,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
-		MinFreeDisk: o.minFreeDisk, MaxClockOffset: o.maxClockOffset, RaftLog: o.raftLog, Logger: logger,
+		MinFreeDisk: o.minFreeDisk, MaxClockOffset: o.maxClockOffset, AcceptClock: o.acceptClock, RaftLog: o.raftLog, Logger: logger,
 	})
 	if err != nil {
 		ln.Close()
