@@ -115,3 +115,23 @@ func TestCheckClockAtStart(t *testing.T) {
 	}
 	service.resume(Wall().UnixNano(), false) // the rest of the package's tests: the wall clock
 }
+
+// BenchmarkServiceClockNow: the cost of a reading of the service clock
+// (a mutex and a monotonic reading), read by every request that stamps or
+// compares time, from all cores at once.
+func BenchmarkServiceClockNow(b *testing.B) {
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_ = Now()
+		}
+	})
+}
+
+// BenchmarkWallNow is the wall clock reading it replaced, for comparison.
+func BenchmarkWallNow(b *testing.B) {
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_ = Wall()
+		}
+	})
+}
