@@ -77,6 +77,9 @@ func decodeCounters(b []byte) (counters, error) {
 
 var (
 	keyCounters = []byte("meta")
+	// keyNextPartition: the partition the group's next lease starts
+	// taking new messages from (with RotatePartitions; 4 bytes).
+	keyNextPartition = []byte("next_partition")
 	bktCursor   = []byte("c")
 	bktState    = []byte("s")
 	bktReady    = []byte("r")
@@ -133,7 +136,21 @@ type Group struct {
 	// leaseBytes: a lease stops once its messages' records hold this many
 	// bytes (0: no bound).
 	leaseBytes int
+	// rotate: a lease starts its walk over new messages at the group's
+	// stored next partition (keyNextPartition), not at its raft index
+	// mod partitions.
+	rotate bool
 }
+
+// RotatePartitions makes the group's leases take new messages round robin
+// over partitions across leases: each starts at the partition after the
+// last one the previous lease took a new message from, a position kept in
+// the group's state. (Without it a lease starts at its raft index mod
+// partitions, and a consumer whose fetches alternate with its acks sees
+// indexes of one parity: with two partitions, it drained partition 0
+// first.) Like UseSpans, the node sets it from the replicated state
+// format: every replica must choose the same messages.
+func (g *Group) RotatePartitions() { g.rotate = true }
 
 // UseSpans makes the group's leases of new keyless messages write one
 // range record per partition and lease instead of one record per message.
