@@ -80,12 +80,12 @@ var (
 	// keyNextPartition: the partition the group's next lease starts
 	// taking new messages from (with RotatePartitions; 4 bytes).
 	keyNextPartition = []byte("next_partition")
-	bktCursor   = []byte("c")
-	bktState    = []byte("s")
-	bktReady    = []byte("r")
-	bktLeasedBy = []byte("lk")   // idempotency key → the leased message holding it
-	bktHeld     = []byte("h")    // key-prefixed index of held messages
-	bktDone     = []byte("done") // processed keys (package dedup's index)
+	bktCursor        = []byte("c")
+	bktState         = []byte("s")
+	bktReady         = []byte("r")
+	bktLeasedBy      = []byte("lk")   // idempotency key → the leased message holding it
+	bktHeld          = []byte("h")    // key-prefixed index of held messages
+	bktDone          = []byte("done") // processed keys (package dedup's index)
 	// bktExpiry is a root bucket: every lease in every group by expiry time,
 	// so the leader's sweeper finds expired leases with one seek.
 	bktExpiry = []byte("lease_expiry")
