@@ -192,7 +192,10 @@ func TestReadme(t *testing.T) {
 	}
 	files, err := exec.Command("git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
 	if err != nil {
-		t.Fatalf("git ls-files: %v", err)
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set and git ls-files fails in %s: %v", root, err)
+		}
+		t.Skipf("not a git work tree (git ls-files: %v): the fresh copy is made of its files", err)
 	}
 	dir := t.TempDir()
 	for _, f := range strings.Split(strings.TrimRight(string(files), "\x00"), "\x00") {
