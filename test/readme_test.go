@@ -103,10 +103,15 @@ func runReadmeSteps(t *testing.T, what, dir string, env []string, steps []readme
 		t.Fatal(err)
 	}
 	defer out.Close()
+	errOut, err := os.Create(filepath.Join(dir, what+".err"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errOut.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script.String())
-	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, out, out
+	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, out, errOut
 	// Its own process group: what it started in the background (the
 	// walk-through's broker) ends with it whatever happens.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -120,7 +125,8 @@ func runReadmeSteps(t *testing.T, what, dir string, env []string, steps []readme
 		t.Fatal(err)
 	}
 	if runErr != nil {
-		t.Errorf("%s: bash: %v", what, runErr)
+		stderr, _ := os.ReadFile(errOut.Name())
+		t.Errorf("%s: bash: %v\nstderr:\n%s", what, runErr, stderr)
 	}
 	marker := regexp.MustCompile(`\n@@step (\d+) exit (\d+)@@\n`)
 	text := string(b)
@@ -145,16 +151,12 @@ func runReadmeSteps(t *testing.T, what, dir string, env []string, steps []readme
 		for len(got) > 0 && got[len(got)-1] == "" {
 			got = got[:len(got)-1]
 		}
-		// Only stdout is compared; the script's stderr (sub's summary,
-		// curl's progress) shares the file, so lines the README does not
-		// show may come between: each shown line must come, in order.
-		j := 0
-		for _, g := range got {
-			if j < len(st.want) && readmeLine(st.want[j], g) {
-				j++
-			}
+		// Stdout only (sub's account of what it did goes to stderr).
+		same := len(got) == len(st.want)
+		for j := 0; same && j < len(got); j++ {
+			same = readmeLine(st.want[j], got[j])
 		}
-		if j < len(st.want) {
+		if !same {
 			t.Errorf("%s: %q printed\n%s\nwant (README.md)\n%s", what, st.command, strings.Join(got, "\n"), strings.Join(st.want, "\n"))
 		}
 	}
