@@ -30,7 +30,9 @@ const maxScan = 4096
 // Lease hands out up to max deliverable messages, each leased until
 // now+leaseMs under delivery id idx (the Raft index of the command).
 // Messages due for redelivery come first, oldest due first; then new
-// messages, one partition after another starting at idx mod partitions.
+// messages, one partition after another starting at idx mod partitions
+// (with RotatePartitions: after the last partition the group's previous
+// lease took one from).
 // On the way, consumer-group idempotency applies (see offer). With msgs
 // set, each delivery carries its message (Delivery.Msg): the node whose
 // client waits for the answer asks for them, the others need not.
@@ -111,6 +113,10 @@ func (lz *leaser) newMessages() error {
 	}
 	moved := make([]bool, n)
 	start := uint32(lz.idx % uint64(n))
+	if g.rotate {
+		start = g.nextPartition() % n
+	}
+	last := -1 // the partition of the last message taken
 	for !lz.full() {
 		progressed := false
 		for j := uint32(0); j < n && !lz.full(); j++ {
@@ -120,7 +126,7 @@ func (lz *leaser) newMessages() error {
 			}
 			off := next[p]
 			next[p]++
-			moved[p], progressed = true, true
+			moved[p], progressed, last = true, true, int(p)
 			if err := lz.offer(p, off, nil); err != nil {
 				return err
 			}
@@ -136,7 +142,25 @@ func (lz *leaser) newMessages() error {
 			}
 		}
 	}
+	if g.rotate && last >= 0 {
+		return g.setNextPartition((uint32(last) + 1) % n)
+	}
 	return nil
+}
+
+// nextPartition is where the group's next lease starts taking new
+// messages (0 before its first).
+func (g *Group) nextPartition() uint32 {
+	if v := g.b.Get(keyNextPartition); len(v) == 4 {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (g *Group) setNextPartition(p uint32) error {
+	var v [4]byte
+	binary.BigEndian.PutUint32(v[:], p)
+	return g.b.Put(keyNextPartition, v[:])
 }
 
 // offer decides what happens to one candidate message: old is its record

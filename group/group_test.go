@@ -329,6 +329,38 @@ func TestLeaseRoundRobin(t *testing.T) {
 	}
 }
 
+// With RotatePartitions, leases of one message each alternate over the
+// partitions whatever their raft indexes (all even here, as when fetches
+// alternate with acks); without it, a lease starts at its index mod
+// partitions and the same indexes drain partition 0 first.
+func TestLeaseRotatesAcrossLeases(t *testing.T) {
+	for _, rotate := range []bool{true, false} {
+		db := mustDB(t)
+		mustTopic(t, db, "t", 2)
+		for p := uint32(0); p < 2; p++ {
+			mustPublish(t, db, "t", p, 3, 1)
+		}
+		var got []po
+		for i := range 6 {
+			withGroup(t, db, "t", "g", func(g *Group) error {
+				if rotate {
+					g.RotatePartitions()
+				}
+				ds, err := g.Lease(1000, 100000, 1, uint64(10+2*i), false)
+				got = append(got, placements(ds)...)
+				return err
+			})
+		}
+		want := []po{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}}
+		if !rotate {
+			want = []po{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("rotate %v: leases of one took %v, want %v", rotate, got, want)
+		}
+	}
+}
+
 func TestLeaseMaxAndNoDuplicates(t *testing.T) {
 	db := mustDB(t)
 	mustTopic(t, db, "t", 3)

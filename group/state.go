@@ -77,12 +77,15 @@ func decodeCounters(b []byte) (counters, error) {
 
 var (
 	keyCounters = []byte("meta")
-	bktCursor   = []byte("c")
-	bktState    = []byte("s")
-	bktReady    = []byte("r")
-	bktLeasedBy = []byte("lk")   // idempotency key → the leased message holding it
-	bktHeld     = []byte("h")    // key-prefixed index of held messages
-	bktDone     = []byte("done") // processed keys (package dedup's index)
+	// keyNextPartition: the partition the group's next lease starts
+	// taking new messages from (with RotatePartitions; 4 bytes).
+	keyNextPartition = []byte("next_partition")
+	bktCursor        = []byte("c")
+	bktState         = []byte("s")
+	bktReady         = []byte("r")
+	bktLeasedBy      = []byte("lk")   // idempotency key → the leased message holding it
+	bktHeld          = []byte("h")    // key-prefixed index of held messages
+	bktDone          = []byte("done") // processed keys (package dedup's index)
 	// bktExpiry is a root bucket: every lease in every group by expiry time,
 	// so the leader's sweeper finds expired leases with one seek.
 	bktExpiry = []byte("lease_expiry")
@@ -133,7 +136,21 @@ type Group struct {
 	// leaseBytes: a lease stops once its messages' records hold this many
 	// bytes (0: no bound).
 	leaseBytes int
+	// rotate: a lease starts its walk over new messages at the group's
+	// stored next partition (keyNextPartition), not at its raft index
+	// mod partitions.
+	rotate bool
 }
+
+// RotatePartitions makes the group's leases take new messages round robin
+// over partitions across leases: each starts at the partition after the
+// last one the previous lease took a new message from, a position kept in
+// the group's state. (Without it a lease starts at its raft index mod
+// partitions, and a consumer whose fetches alternate with its acks sees
+// indexes of one parity: with two partitions, it drained partition 0
+// first.) Like UseSpans, the node sets it from the replicated state
+// format: every replica must choose the same messages.
+func (g *Group) RotatePartitions() { g.rotate = true }
 
 // UseSpans makes the group's leases of new keyless messages write one
 // range record per partition and lease instead of one record per message.

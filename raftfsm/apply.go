@@ -94,6 +94,9 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error
 		useSpans(g)
 		g.LimitLeaseBytes(LeaseMaxBytes)
 	}
+	if ev.format >= 3 { // every member starts a lease where the group's last one stopped
+		g.RotatePartitions()
+	}
 	ds, err := g.Lease(c.Now, c.LeaseMs, int(c.Max), idx, ev.leaseMsgs)
 	return &Result{Deliveries: ds}, err
 }

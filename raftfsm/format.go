@@ -25,11 +25,16 @@ import (
 //   - 1: every state written before the format existed (no meta key).
 //   - 2: leases of keyless messages may be kept as range records
 //     (group.UseSpans); a lease stops at LeaseMaxBytes; a publish looks
-//     a key up before it checks the message's size. A format's rules are
-//     fixed once a release writes it (docs/ARCHITECTURE.md, State format).
+//     a key up before it checks the message's size.
+//   - 3: a lease takes new messages starting at the partition after the
+//     last one the group's previous lease took one from (a group key,
+//     group.RotatePartitions), not at its raft index mod partitions.
+//
+// A format's rules are fixed once a release writes it
+// (docs/ARCHITECTURE.md, State format).
 const (
 	// StateFormat is the highest format this binary reads and writes.
-	StateFormat = 2
+	StateFormat = 3
 	// formatUnset is the format of a state without the meta key.
 	formatUnset = 1
 )

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // nodeStatus is the part of /v1/internal/status this file reads.
@@ -56,22 +57,22 @@ func TestStateFormatRaised(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	for _, n := range c.Nodes() {
-		st, err := waitNodeStatus(ctx, n, "state_format 2", func(st nodeStatus) bool { return st.StateFormat == 2 })
+		st, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", raftfsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == raftfsm.StateFormat })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.StateFormatMax != 2 || st.ID != n.ID() {
-			t.Fatalf("%s: status %+v, want state_format_max 2 and its own id", n, st)
+		if st.StateFormatMax != raftfsm.StateFormat || st.ID != n.ID() {
+			t.Fatalf("%s: status %+v, want state_format_max %d and its own id", n, st, raftfsm.StateFormat)
 		}
-		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != 2 {
-			t.Fatalf("%s: mqd_state_format = %v (present %v), want 2", n, v, ok)
+		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != raftfsm.StateFormat {
+			t.Fatalf("%s: mqd_state_format = %v (present %v), want %d", n, v, ok, raftfsm.StateFormat)
 		}
 	}
 	// /v1/cluster: the state's format, and what each member reads.
-	_, err := waitView(ctx, c.Node(0), "state format 2, every member reading it", func(ci tc.ClusterInfo) bool {
-		ok := ci.StateFormat == 2 && len(ci.Nodes) == 3
+	_, err := waitView(ctx, c.Node(0), "state format raised, every member reading it", func(ci tc.ClusterInfo) bool {
+		ok := ci.StateFormat == raftfsm.StateFormat && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
-			ok = ok && n.StateFormatMax == 2
+			ok = ok && n.StateFormatMax == raftfsm.StateFormat
 		}
 		return ok
 	})
@@ -102,7 +103,7 @@ func TestJoinRefusedToOlderBinary(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
-	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == raftfsm.StateFormat }); err != nil {
 		t.Fatal(err)
 	}
 	// A raft address nobody listens on: were the node added, the

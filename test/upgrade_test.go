@@ -8,6 +8,7 @@ import (
 	"time"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // preFormatRelease is the last main before the replicated state had a
@@ -23,7 +24,7 @@ const preFormatRelease = "efa6caf"
 // it, after which the old binary leads and must still see the leases the
 // new leader granted (were they range records, it would count them acked
 // and never redeliver them). Once every member runs the new binary the
-// format rises to 2; leases from both binaries are then acked, and every
+// format rises to this binary's (2 and up); leases from both binaries are then acked, and every
 // message is consumed exactly once.
 func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	t.Parallel()
@@ -120,7 +121,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	if _, err := waitView(ctx, newLeader, "every member probed, the old one reading format 0", func(ci tc.ClusterInfo) bool {
 		seen := 0
 		for _, x := range ci.Nodes {
-			want := 2
+			want := raftfsm.StateFormat
 			if x.ID == oldNode.ID() {
 				want = 0
 			}
@@ -195,18 +196,18 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	ack(oldNode, heldOld, "leases of the old leader, acked via the old binary")
 	ack(oldNode, heldNew, "leases of the new leader, acked via the old binary")
 
-	// The last member upgraded: the format rises to 2 everywhere.
+	// The last member upgraded: the format rises to this binary's everywhere.
 	upgrade(oldNode)
 	for _, n := range c.Nodes() {
-		if _, err := waitNodeStatus(ctx, n, "state_format 2", func(st nodeStatus) bool { return st.StateFormat == 2 }); err != nil {
+		if _, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", raftfsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == raftfsm.StateFormat }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Leases in format 2 (range records), the rest consumed and acked.
+	// Leases in the new format (range records), the rest consumed and acked.
 	l := mustLeader(t, c)
 	extra := rtFetchN(t, l, topic, group, 30, 10*time.Second, lease)
 	publish(l, 50)
-	ack(l, extra, "leases in format 2")
+	ack(l, extra, "leases in the new format")
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		msgs, _, err := l.Fetch(rctx, topic, group, tc.FetchRequest{Max: 100, WaitMs: 200, LeaseMs: lease})

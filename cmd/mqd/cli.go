@@ -107,7 +107,12 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	cmd, rest := lookup(args)
 	if cmd == nil {
 		if g := group(args[0]); len(g) > 0 {
-			if len(args) > 1 && args[1] != "-h" && args[1] != "--help" && args[1] != "help" {
+			if len(args) > 1 && isHelp(args[1]) {
+				fmt.Fprintf(c.stdout, "Commands of mqd %s (mqd %s COMMAND --help shows one's flags):\n", args[0], args[0])
+				listCommands(c.stdout, g)
+				return 0
+			}
+			if len(args) > 1 {
 				fmt.Fprintf(c.stderr, "mqd: unknown command %q\n\n", args[0]+" "+args[1])
 			}
 			listCommands(c.stderr, g)
@@ -126,16 +131,19 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		g.define(fs)
 	}
 	runFn := cmd.setup(fs)
-	// On a flag error, the flag package prints its message and calls Usage.
-	fs.Usage = func() {
+	usage := func() {
 		fmt.Fprintf(c.stderr, "usage: mqd %s [flags]  (mqd %s --help)\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.name)
 	}
+	// On a flag error the flag package prints its message and calls
+	// fs.Usage, on --help too: help goes to stdout, once, below.
+	fs.Usage = func() {}
 	pos, err := parseInterspersed(fs, rest)
 	if errors.Is(err, flag.ErrHelp) {
 		commandUsage(c.stdout, cmd, fs)
 		return 0
 	}
 	if err != nil {
+		usage()
 		return 2 // the flag package said why
 	}
 	if !cmd.local {
@@ -151,7 +159,7 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		return 0
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(c.stderr, "mqd %s: %v\n", cmd.name, strings.TrimPrefix(err.Error(), "usage: "))
-		fs.Usage()
+		usage()
 		return 2
 	case errors.Is(err, syscall.ECONNREFUSED):
 		fmt.Fprintf(c.stderr, "mqd: %v\n(no mqd listens at --server %s; set --server or MQD_SERVER)\n", err, g.server)
@@ -160,6 +168,11 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		fmt.Fprintln(c.stderr, "mqd:", err)
 		return 1
 	}
+}
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
 // lookup finds the command args start with: two words, else one.
@@ -290,4 +303,12 @@ func needArgs(args []string, n int, names string) error {
 		return usageErr("want %s, got %d argument(s)", names, len(args))
 	}
 	return nil
+}
+
+// plural is "1 partition", "3 partitions".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -251,7 +251,12 @@ func (b *bench) report(pubEnd time.Duration, start time.Time) error {
 		return nil
 	}
 	w := b.c.table()
-	fmt.Fprintf(w, "topic %s: %d publishers, %d consumers, %d-byte messages, keys %v\n\n", r.Topic, r.Publishers, r.Consumers, r.Size, r.Keyed)
+	keys := "no idempotency keys"
+	if r.Keyed {
+		keys = "a unique idempotency key each"
+	}
+	fmt.Fprintf(w, "topic %s: %s, %s, %s, %s\n\n", r.Topic, plural(r.Publishers, "publisher"), plural(r.Consumers, "consumer"),
+		fmt.Sprintf("%d-byte messages", r.Size), keys)
 	fmt.Fprintf(w, "published\t%d in %.1fs\t%.0f msg/s\t%.2f MB/s\n", r.Published, r.PublishSeconds, r.PublishPerSec, r.PublishMBPerSec)
 	if b.consumers > 0 {
 		fmt.Fprintf(w, "consumed\t%d\t%.0f msg/s\t\n", r.Consumed, r.ConsumePerSec)

@@ -140,7 +140,9 @@ func init() {
 				}
 				s := subscriber{c: c, topic: args[0], group: *grp, count: *count, wait: *wait, follow: *follow,
 					nack: *nack, noAck: *noAck, lease: *lease}
-				return s.run(ctx)
+				err := s.run(ctx)
+				s.summary()
+				return err
 			}
 		}})
 }
@@ -152,6 +154,24 @@ type subscriber struct {
 	wait, lease        time.Duration
 	follow, noAck      bool
 	received           int
+	settled, stale     int // receipts acked or nacked, and those the lease had ended for
+}
+
+// summary says on stderr what the run did with the messages it printed.
+func (s *subscriber) summary() {
+	verb := "acked"
+	switch {
+	case s.noAck:
+		fmt.Fprintf(s.c.stderr, "mqd sub: received %d, left leased (--no-ack: delivered again when the lease runs out)\n", s.received)
+		return
+	case s.nack != "":
+		verb = "nacked"
+	}
+	line := fmt.Sprintf("mqd sub: received %d, %s %d", s.received, verb, s.settled)
+	if s.stale > 0 {
+		line += fmt.Sprintf(", %d stale (the lease had ended)", s.stale)
+	}
+	fmt.Fprintln(s.c.stderr, line)
 }
 
 func (s *subscriber) run(ctx context.Context) error {
@@ -221,7 +241,10 @@ func (s *subscriber) settle(ctx context.Context, msgs []client.Message) error {
 		return err
 	}
 	for i, r := range res {
-		if r.Status != client.StatusOK {
+		if r.Status == client.StatusOK {
+			s.settled++
+		} else {
+			s.stale++
 			fmt.Fprintf(s.c.stderr, "mqd: %s/%d@%d: receipt %s (the lease had ended; it may be delivered again)\n",
 				msgs[i].Topic, msgs[i].Partition, msgs[i].Offset, r.Status)
 		}

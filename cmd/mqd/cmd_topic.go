@@ -46,7 +46,7 @@ func init() {
 				if created {
 					verb = "created"
 				}
-				fmt.Fprintf(c.stdout, "%s topic %s (%d partitions)\n", verb, t.Name, len(t.Partitions))
+				fmt.Fprintf(c.stdout, "%s topic %s (%s)\n", verb, t.Name, plural(len(t.Partitions), "partition"))
 				return nil
 			}
 		}})

@@ -26,11 +26,7 @@ func dispatch(args []string) int {
 	case args[0] == "--help" || args[0] == "-help" || args[0] == "-h" || args[0] == "help":
 		mainUsage(os.Stdout)
 		fmt.Fprintln(os.Stdout, "\nServer flags (mqd [serve] ...):")
-		// The flag package prints to os.Stderr; help goes to stdout.
-		stderr := os.Stderr
-		os.Stderr = os.Stdout
-		serve([]string{"--help"})
-		os.Stderr = stderr
+		printFlags(os.Stdout, serverFlags(&options{}))
 		return 0
 	case isCommand(args):
 		return runCommand(args)

@@ -30,6 +30,7 @@ const (
 	flagHTTPAddr          = "http-addr"
 	flagRaftAddr          = "raft-addr"
 	flagRaftAdvertise     = "raft-advertise-addr"
+	flagHTTPAdvertise     = "http-advertise-addr"
 	flagBootstrapExpect   = "bootstrap-expect"
 	flagJoin              = "join"
 	flagSnapshotThreshold = "snapshot-threshold"
@@ -61,6 +62,7 @@ const (
 
 type options struct {
 	id, dataDir, httpAddr, raftAddr, raftAdvertise, join, logLevel, raftLog string
+	httpAdvertise                                                           string
 	logFormat                                                               string
 	pprof, acceptClock                                                      bool
 	authFile, nodeToken                                                     string
@@ -76,15 +78,17 @@ type options struct {
 	memoryLimitMiB                                                          int64
 }
 
-func parseFlags(args []string) (*options, error) {
-	o := &options{}
+// serverFlags defines the server's flags on a new flag set, into o. The
+// set prints nothing on --help: the caller prints serverUsage to stdout.
+func serverFlags(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("mqd", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), "Usage: mqd [serve] [flags]"); printFlags(fs.Output(), fs) }
+	fs.Usage = func() {}
 	fs.StringVar(&o.id, flagID, "", "node id, unique in the cluster (default: the raft advertise address)")
 	fs.StringVar(&o.dataDir, flagDataDir, "./mqd-data", "directory for the raft log, snapshots and state")
-	fs.StringVar(&o.httpAddr, flagHTTPAddr, "127.0.0.1:7070", "HTTP listen address (also advertised to peers)")
+	fs.StringVar(&o.httpAddr, flagHTTPAddr, "127.0.0.1:7070", "HTTP listen address (also what peers forward to, unless --http-advertise-addr)")
 	fs.StringVar(&o.raftAddr, flagRaftAddr, "127.0.0.1:7071", "Raft transport listen address")
-	fs.StringVar(&o.raftAdvertise, flagRaftAdvertise, "", "Raft address peers dial (default: --raft-addr)")
+	fs.StringVar(&o.httpAdvertise, flagHTTPAdvertise, "", "HTTP address other nodes reach this one at (default: --http-addr; with an unspecified host such as 0.0.0.0, this machine's host name and its port)")
+	fs.StringVar(&o.raftAdvertise, flagRaftAdvertise, "", "Raft address peers dial (default: --raft-addr; with an unspecified host such as 0.0.0.0, this machine's host name and its port)")
 	fs.IntVar(&o.bootstrapExpect, flagBootstrapExpect, 0, "with --join: form a new cluster once N nodes have found each other")
 	fs.StringVar(&o.join, flagJoin, "", "comma-separated HTTP addresses of other nodes")
 	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots of a state under 4 MiB (any state is also snapshotted once the log since the last one holds half its size in bytes)")
@@ -123,6 +127,18 @@ func parseFlags(args []string) (*options, error) {
 			o.limits.BodyBudget = mib << 20
 			return nil
 		})
+	return fs
+}
+
+// serverUsage is `mqd serve --help`.
+func serverUsage(w io.Writer) {
+	fmt.Fprintln(w, "Usage: mqd [serve] [flags]")
+	printFlags(w, serverFlags(&options{}))
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := serverFlags(o)
 	// Environment first, so that flags on the command line win.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -169,7 +185,47 @@ func parseFlags(args []string) (*options, error) {
 	if o.authFile == "" && !o.insecure && !loopback(o.httpAddr) {
 		return nil, fmt.Errorf("--http-addr %s is not a loopback address: give --auth-file (tokens) or, to serve openly anyway, --insecure", o.httpAddr)
 	}
+	var err error
+	if o.httpAdvertise, err = advertised(flagHTTPAdvertise, o.httpAdvertise, o.httpAddr); err != nil {
+		return nil, err
+	}
+	if o.raftAdvertise, err = advertised(flagRaftAdvertise, o.raftAdvertise, o.raftAddr); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// advertised is the address other nodes reach a listener at: given, if
+// it was (flag names it); else listen, unless listen's host is
+// unspecified (0.0.0.0, ::, none), which no peer can dial: then this
+// machine's host name with listen's port (in a container, the name other
+// containers and pods resolve to it).
+func advertised(name, given, listen string) (string, error) {
+	if given != "" {
+		if ip, err := unspecifiedHost(given); err != nil || ip {
+			return "", fmt.Errorf("--%s %q: want a host:port other nodes can dial", name, given)
+		}
+		return given, nil
+	}
+	if ip, err := unspecifiedHost(listen); err != nil || !ip {
+		return listen, nil // a bad listen address fails when it is listened on
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "", fmt.Errorf("listening on %s: --%s is needed (no host name: %v)", listen, name, err)
+	}
+	_, port, _ := net.SplitHostPort(listen)
+	return net.JoinHostPort(host, port), nil
+}
+
+// unspecifiedHost reports whether addr's host is empty, 0.0.0.0 or ::.
+func unspecifiedHost(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified(), nil
 }
 
 // serve runs the server with the given flags (`mqd [flags]`, `mqd serve [flags]`).
@@ -177,6 +233,7 @@ func serve(args []string) int {
 	o, err := parseFlags(args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			serverUsage(os.Stdout)
 			return 0
 		}
 		fmt.Fprintln(os.Stderr, "mqd:", err)
@@ -242,7 +299,7 @@ func run(o *options) error {
 		return fmt.Errorf("http listen: %w", err)
 	}
 	node, err := raftfsm.Open(raftfsm.Config{
-		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAddr,
+		ID: o.id, DataDir: o.dataDir, RaftAddr: o.raftAddr, RaftAdvertise: o.raftAdvertise, HTTPAddr: o.httpAdvertise,
 		NodeToken:         o.nodeToken,
 		TLS:               certs,
 		SnapshotThreshold: o.snapshotThreshold, SnapshotInterval: o.snapshotInterval, TrailingLogs: o.trailingLogs,
@@ -274,7 +331,8 @@ func run(o *options) error {
 			logger.Error("forming cluster", "err", err)
 		}
 	}()
-	logger.Info("mqd started", "id", node.ID(), "http", o.httpAddr, "raft", o.raftAddr, "data", o.dataDir,
+	logger.Info("mqd started", "id", node.ID(), "http", o.httpAddr, "http_advertise", o.httpAdvertise,
+		"raft", o.raftAddr, "raft_advertise", o.raftAdvertise, "data", o.dataDir,
 		"max_connections", o.limits.MaxConns, "open_file_limit", nofile)
 	select {
 	case <-ctx.Done():

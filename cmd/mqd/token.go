@@ -27,14 +27,19 @@ func tokenCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("mqd token new", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {} // --help: printed once, to stdout, below
 	name := fs.String("name", "", "the token's name (shown in logs and 403 messages)")
 	path := fs.String("auth-file", os.Getenv("MQD_AUTH_FILE"), "token file to add it to (created if missing)")
 	var perms stringList
 	fs.Var(&perms, "permission", "publish:<glob>, consume:<glob>, admin:<glob>, cluster or monitor (repeatable)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: mqd token new --name NAME --permission PERM [--permission PERM ...] --auth-file PATH\n\n%s\n\nFlags:\n",
+				commands["token new"].summary)
+			printFlags(stdout, fs)
 			return 0
 		}
+		fmt.Fprintln(stderr, "usage: mqd token new --name NAME --permission PERM [--permission PERM ...] --auth-file PATH  (mqd token new --help)")
 		return 2
 	}
 	if *name == "" || *path == "" || len(perms) == 0 || fs.NArg() > 0 {

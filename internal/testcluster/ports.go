@@ -42,3 +42,7 @@ func freeAddr() (string, error) {
 	}
 	return "", fmt.Errorf("no free port in [%d,%d)", portLow, portHigh)
 }
+
+// FreeAddr is freeAddr for tests that start processes of their own (the
+// scripts' and deploy files' command lines).
+func FreeAddr() (string, error) { return freeAddr() }
