@@ -1,0 +1,338 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+	bolt "go.etcd.io/bbolt"
+)
+
+// One node losing the newest entries of its raft log, which its state had
+// already applied, loses nothing acknowledged (issue 21, item 4). 100
+// publishes are committed on the leader L and the follower F1 while the
+// other follower F2 is down; L and F1 are killed; F1's log loses those
+// entries (raft-wal: the tail segment's newest frames zeroed; raft-boltdb:
+// raft.db replaced by a copy taken before them); F1 and F2 are started,
+// then L. F1 must neither vote nor lead until it holds L's log again, so
+// that no leader is elected without the entries; then every acknowledged
+// message is delivered and the three states are identical.
+func TestLostLogTailLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"wal", "bolt"} {
+		t.Run(store, func(t *testing.T) { lostLogTail(t, store) })
+	}
+}
+
+func lostLogTail(t *testing.T, store string) {
+	c := tc.Start(t, 3, tc.WithFlags("--raft-log", store))
+	l, fs := mustRoles(t, c)
+	f1, f2 := fs[0], fs[1]
+	const topic = "lostlog"
+	mustTopic(t, l, topic, map[string]any{"partitions": 1})
+	var acked []string
+	publish := func(prefix string, n int) {
+		for i := range n {
+			p := fmt.Sprintf("%s-%03d", prefix, i)
+			mustPublish(t, l, topic, p, nil)
+			acked = append(acked, p)
+		}
+	}
+	publish("before", 20)
+	waitApplied(t, l, f1, f2)
+	var raftDB []byte // bolt: F1's log as it was before the 100 publishes
+	if store == "bolt" {
+		if err := f1.Stop(); err != nil {
+			t.Fatalf("stop %s: %v", f1, err)
+		}
+		raftDB = mustRead(t, filepath.Join(f1.DataDir(), "raft.db"))
+		f1.Restart()
+		if err := f1.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatalf("%s after restart: %v", f1, err)
+		}
+	}
+	cut := mustCluster(t, f1).AppliedIndex + 1 // the first entry F1 will lose
+	if err := f2.Stop(); err != nil {
+		t.Fatalf("stop %s: %v", f2, err)
+	}
+	publish("lost", 100) // committed on L and F1
+	waitApplied(t, l, f1)
+	applied := mustCluster(t, f1).AppliedIndex
+	l.Kill()
+	f1.Kill()
+	if store == "wal" {
+		cutWALTail(t, filepath.Join(f1.DataDir(), "wal"), cut)
+	} else if err := os.WriteFile(filepath.Join(f1.DataDir(), "raft.db"), raftDB, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s applied %d; its log now ends before %d", f1, applied, cut)
+
+	f1.Restart()
+	f2.Restart()
+	restricted := publishWhileLeaderDown(t, c, l, f1, f2, topic, &acked)
+	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+		t.Fatalf("cluster not ready after L's return: %v", err)
+	}
+	leader := mustLeader(t, c)
+	for i := range 20 {
+		p := fmt.Sprintf("final-%03d", i)
+		if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, topic, p); err != nil {
+			t.Fatal(err)
+		}
+		acked = append(acked, p)
+	}
+	checkDelivered(t, leader, topic, acked)
+	compareStates(t, c)
+	if !restricted {
+		t.Errorf("%s never answered /readyz 503 saying it does not vote after losing its log's tail", f1)
+	}
+	if _, err := os.Stat(filepath.Join(f1.DataDir(), "lost-entries")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still records lost entries after catching up: %v", f1, err)
+	}
+}
+
+// publishWhileLeaderDown publishes 100 messages with F1 and F2 up and L
+// down, starting L once F1 says it does not vote (none can be acked before
+// L returns) or once they were all acked (a leader was elected without the
+// lost entries). It reports whether F1 said so.
+func publishWhileLeaderDown(t *testing.T, c *tc.Cluster, l, f1, f2 *tc.Node, topic string, acked *[]string) bool {
+	done := make(chan error, 1)
+	var after []string
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		defer cancel()
+		for i := range 100 {
+			p := fmt.Sprintf("after-%03d", i)
+			if _, err := publishRetry(ctx, []*tc.Node{f1, f2}, topic, p); err != nil {
+				done <- err
+				return
+			}
+			after = append(after, p)
+		}
+		done <- nil
+	}()
+	restricted := false
+	deadline := time.After(60 * time.Second)
+	var err error
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-deadline:
+			t.Fatalf("neither a leader among %s, %s nor %s saying it does not vote within 60 s", f1, f2, f1)
+		case <-time.After(100 * time.Millisecond):
+		}
+		r, rerr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/readyz", nil, nil)
+		if rerr == nil && r.Status == 503 && strings.Contains(string(r.Body), "not voting") {
+			t.Logf("%s /readyz: %s", f1, r.Body)
+			m, merr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
+			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+				t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", f1, merr)
+			}
+			restricted = true
+			break wait
+		}
+	}
+	l.Restart()
+	if err == nil && restricted {
+		err = <-done
+	}
+	if err != nil {
+		t.Fatalf("publishing with L down, then back: %v", err)
+	}
+	*acked = append(*acked, after...)
+	return restricted
+}
+
+// checkDelivered drains the topic through n and checks every acked payload
+// is among the messages.
+func checkDelivered(t *testing.T, n *tc.Node, topic string, acked []string) {
+	t.Helper()
+	msgs, err := drain(ctxFor(t, 60*time.Second), n, topic, "check", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, v := range values(t, msgs) {
+		got[v] = true
+	}
+	var missing []string
+	for _, p := range acked {
+		if !got[p] {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%d acked, %d delivered; %d acked messages never delivered, e.g. %v", len(acked), len(msgs), len(missing), missing[:min(5, len(missing))])
+	}
+}
+
+func mustCluster(t *testing.T, n *tc.Node) tc.ClusterInfo {
+	t.Helper()
+	ci, err := n.Cluster(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("%s /v1/cluster: %v", n, err)
+	}
+	return ci
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// waitApplied waits until every node has applied what the first one has.
+func waitApplied(t *testing.T, nodes ...*tc.Node) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	want := mustCluster(t, nodes[0]).AppliedIndex
+	for _, n := range nodes[1:] {
+		for {
+			if ci, err := n.Cluster(ctx); err == nil && ci.AppliedIndex >= want {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s did not apply index %d", n, want)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// cutWALTail zeroes raft-wal's tail segment from the frame of entry index
+// from on, as storage that lost its newest writes would leave it: at open
+// raft-wal keeps entries up to the last valid commit frame before it.
+// Segment layout (raft-wal v0.4.0 segment/format.go): a 32-byte header
+// with the base index at bytes 8-16, then 8-byte-aligned frames, each with
+// an 8-byte header (type, 3 reserved, length; commit frames carry a CRC
+// there and no payload).
+func cutWALTail(t *testing.T, dir string, from uint64) {
+	t.Helper()
+	segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no wal segment in %s: %v", dir, err)
+	}
+	sort.Strings(segs) // named by base index, zero-padded
+	path := segs[len(segs)-1]
+	b := mustRead(t, path)
+	base := binary.LittleEndian.Uint64(b[8:16])
+	if from < base {
+		t.Fatalf("entry %d is before the tail segment %s (base %d)", from, path, base)
+	}
+	idx, start, off := base, -1, 32
+	for off+8 <= len(b) && b[off] != 0 {
+		typ, size := b[off], 8
+		if typ != 3 { // entry or index frame: a payload, padded to 8 bytes
+			n := int(binary.LittleEndian.Uint32(b[off+4 : off+8]))
+			size += (n + 7) &^ 7
+		}
+		if typ == 1 {
+			if idx == from {
+				start = off
+			}
+			idx++
+		}
+		off += size
+	}
+	if start < 0 {
+		t.Fatalf("entry %d not in %s (entries %d to %d)", from, path, base, idx-1)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, off-start), int64(start)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("zeroed %s from byte %d to %d (entries %d to %d)", filepath.Base(path), start, off, from, idx-1)
+}
+
+// compareStates waits until the nodes have applied the same index, stops
+// them (followers first, so the leader cannot commit more), and compares
+// their fsm.db files key by key.
+func compareStates(t *testing.T, c *tc.Cluster) {
+	t.Helper()
+	leader := mustLeader(t, c)
+	nodes := []*tc.Node{leader}
+	for _, n := range c.Nodes() {
+		if n != leader {
+			nodes = append(nodes, n)
+		}
+	}
+	waitApplied(t, nodes...)
+	for i := len(nodes) - 1; i >= 0; i-- { // the leader last
+		if err := nodes[i].Stop(); err != nil {
+			t.Fatalf("stop %s: %v", nodes[i], err)
+		}
+	}
+	states := make([]map[string][]byte, len(nodes))
+	for i, n := range nodes {
+		states[i] = readFSM(t, filepath.Join(n.DataDir(), "fsm.db"))
+	}
+	keys := map[string]bool{}
+	for _, s := range states {
+		for k := range s {
+			keys[k] = true
+		}
+	}
+	var diff []string
+	for k := range keys {
+		for i := 1; i < len(states); i++ {
+			if !bytes.Equal(states[0][k], states[i][k]) {
+				diff = append(diff, k)
+				break
+			}
+		}
+	}
+	sort.Strings(diff)
+	if len(diff) > 0 {
+		t.Errorf("replicas differ in %d keys, e.g. %v", len(diff), diff[:min(5, len(diff))])
+	}
+}
+
+// readFSM flattens a state file: bucket path/key → value.
+func readFSM(t *testing.T, path string) map[string][]byte {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer db.Close()
+	out := map[string][]byte{}
+	var walk func(b *bolt.Bucket, prefix string)
+	walk = func(b *bolt.Bucket, prefix string) {
+		_ = b.ForEach(func(k, v []byte) error {
+			p := prefix + "/" + strconv.Quote(string(k))
+			if v == nil && b.Bucket(k) != nil {
+				walk(b.Bucket(k), p)
+				return nil
+			}
+			out[p] = append([]byte(nil), v...)
+			return nil
+		})
+	}
+	_ = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			walk(b, strconv.Quote(string(name)))
+			return nil
+		})
+	})
+	return out
+}
