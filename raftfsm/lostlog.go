@@ -269,7 +269,11 @@ func (n *Node) leadGate(ctx context.Context) bool {
 	if !n.lost.restricted() {
 		return true
 	}
-	n.logger.Error("elected, but not serving: " + n.lost.reason())
+	// Elected while refusing every vote: the only voter. No other node
+	// holds the lost entries; the state does (a backup of it restored as a
+	// new cluster keeps them: docs/operations.md, Backup and restore).
+	n.logger.Error("elected, but not serving: " + n.lost.reason() +
+		"; this cluster's only voter has no other copy of the lost entries: back its state up (GET /v1/cluster/backup) and restore it as a new cluster (mqd restore)")
 	for n.lost.restricted() {
 		if pauseCtx(ctx, lostEvery) != nil {
 			return false

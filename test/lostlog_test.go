@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -335,4 +336,91 @@ func readFSM(t *testing.T, path string) map[string][]byte {
 		})
 	})
 	return out
+}
+
+// A one-node cluster whose raft log lost entries its state applied elects
+// itself without anyone's vote: it must then serve nothing (every write
+// would land at an index its state skips) and say why. The code before
+// answered /readyz 200 and failed every write with 503 "no result" (its
+// state skipped them) until the log passed the state's index. No other
+// node holds the lost entries, but the state does: the operator's way out
+// (docs/operations.md) is a backup of it restored as a new cluster, which
+// holds every acknowledged message.
+func TestLostLogTailSingleNodeServesNothing(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := mustLeader(t, c)
+	const topic = "lostlog1"
+	mustTopic(t, n, topic, map[string]any{"partitions": 1})
+	var acked []string
+	for i := range 40 {
+		p := fmt.Sprintf("m-%03d", i)
+		mustPublish(t, n, topic, p, nil)
+		acked = append(acked, p)
+	}
+	cut := mustCluster(t, n).AppliedIndex - 29 // the last 30 publishes
+	n.Kill()
+	cutWALTail(t, filepath.Join(n.DataDir(), "wal"), cut)
+	n.Restart()
+	ctx := ctxFor(t, 30*time.Second)
+	restricted := false
+	for !restricted {
+		r, err := n.Do(ctx, "GET", "/readyz", nil, nil)
+		if err == nil && r.Status == 200 {
+			break
+		}
+		restricted = err == nil && strings.Contains(string(r.Body), "not voting")
+		if !restricted && ctx.Err() != nil {
+			t.Fatalf("neither ready nor saying it does not vote within 30 s: %v", err)
+		}
+		if !restricted {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pr, _, err := n.Publish(pctx, topic, []byte("after"), map[string]string{"Mq-Timeout-Ms": "2000"})
+	if restricted {
+		if err == nil {
+			t.Fatalf("acknowledged a publish (offset %d) while its state is ahead of its log", pr.Offset)
+		}
+		if r, err := n.Do(ctxFor(t, 5*time.Second), "GET", "/readyz", nil, nil); err != nil || r.Status != 503 {
+			t.Fatalf("/readyz after the refused publish: %v %v", r, err)
+		}
+		restoreLost(t, n, topic, acked)
+		return
+	}
+	t.Errorf("%s answered /readyz 200 with its state ahead of its log", n)
+	if err != nil {
+		t.Fatalf("publish after the restart: %v", err)
+	}
+	msgs, err := drain(ctxFor(t, 30*time.Second), n, topic, "check", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(values(t, msgs), "after") {
+		t.Errorf("acknowledged publish \"after\" (offset %d) never delivered (%d delivered)", pr.Offset, len(msgs))
+	}
+}
+
+// restoreLost takes a backup of n's state, restores it as a new one-node
+// cluster and checks it delivers every acked message.
+func restoreLost(t *testing.T, n *tc.Node, topic string, acked []string) {
+	t.Helper()
+	r, err := n.Do(ctxFor(t, 30*time.Second), "GET", "/v1/cluster/backup", nil, nil)
+	if err != nil || r.Expect(200) != nil {
+		t.Fatalf("backup from the restricted node: %v %v", err, r.Expect(200))
+	}
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(file, r.Body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.Kill()
+	rc := tc.Start(t, 1, tc.WithNodeArgs(func(rn *tc.Node) []string {
+		if out, err := runMqd(t, "restore", "--data-dir", rn.DataDir(), "--id", rn.ID(), "--raft-addr", rn.RaftAddr(), file); err != nil {
+			t.Fatalf("mqd restore: %v\n%s", err, out)
+		}
+		return nil
+	}))
+	checkDelivered(t, mustLeader(t, rc), topic, acked)
 }
