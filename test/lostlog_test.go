@@ -35,49 +35,65 @@ func TestLostLogTailLosesNothing(t *testing.T) {
 	}
 }
 
-func lostLogTail(t *testing.T, store string) {
+// tailLost is a 3-node cluster after the loss: L and F1 killed (L's log and
+// F1's state hold the 100 "lost" publishes, F1's log no longer does), F2
+// stopped before them; acked holds every acknowledged payload.
+type tailLost struct {
+	c         *tc.Cluster
+	l, f1, f2 *tc.Node
+	acked     []string
+	applied   uint64 // L's and F1's applied index when killed
+}
+
+const lostTopic = "lostlog"
+
+func loseTail(t *testing.T, store string) *tailLost {
 	c := tc.Start(t, 3, tc.WithFlags("--raft-log", store))
 	l, fs := mustRoles(t, c)
-	f1, f2 := fs[0], fs[1]
-	const topic = "lostlog"
-	mustTopic(t, l, topic, map[string]any{"partitions": 1})
-	var acked []string
+	s := &tailLost{c: c, l: l, f1: fs[0], f2: fs[1]}
+	mustTopic(t, l, lostTopic, map[string]any{"partitions": 1})
 	publish := func(prefix string, n int) {
 		for i := range n {
 			p := fmt.Sprintf("%s-%03d", prefix, i)
-			mustPublish(t, l, topic, p, nil)
-			acked = append(acked, p)
+			mustPublish(t, l, lostTopic, p, nil)
+			s.acked = append(s.acked, p)
 		}
 	}
 	publish("before", 20)
-	waitApplied(t, l, f1, f2)
+	waitApplied(t, l, s.f1, s.f2)
 	var raftDB []byte // bolt: F1's log as it was before the 100 publishes
 	if store == "bolt" {
-		if err := f1.Stop(); err != nil {
-			t.Fatalf("stop %s: %v", f1, err)
+		if err := s.f1.Stop(); err != nil {
+			t.Fatalf("stop %s: %v", s.f1, err)
 		}
-		raftDB = mustRead(t, filepath.Join(f1.DataDir(), "raft.db"))
-		f1.Restart()
-		if err := f1.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
-			t.Fatalf("%s after restart: %v", f1, err)
+		raftDB = mustRead(t, filepath.Join(s.f1.DataDir(), "raft.db"))
+		s.f1.Restart()
+		if err := s.f1.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatalf("%s after restart: %v", s.f1, err)
 		}
 	}
-	cut := mustCluster(t, f1).AppliedIndex + 1 // the first entry F1 will lose
-	if err := f2.Stop(); err != nil {
-		t.Fatalf("stop %s: %v", f2, err)
+	cut := mustCluster(t, s.f1).AppliedIndex + 1 // the first entry F1 will lose
+	if err := s.f2.Stop(); err != nil {
+		t.Fatalf("stop %s: %v", s.f2, err)
 	}
 	publish("lost", 100) // committed on L and F1
-	waitApplied(t, l, f1)
-	applied := mustCluster(t, f1).AppliedIndex
+	waitApplied(t, l, s.f1)
+	s.applied = mustCluster(t, s.f1).AppliedIndex
 	l.Kill()
-	f1.Kill()
+	s.f1.Kill()
 	if store == "wal" {
-		cutWALTail(t, filepath.Join(f1.DataDir(), "wal"), cut)
-	} else if err := os.WriteFile(filepath.Join(f1.DataDir(), "raft.db"), raftDB, 0o600); err != nil {
+		cutWALTail(t, filepath.Join(s.f1.DataDir(), "wal"), cut)
+	} else if err := os.WriteFile(filepath.Join(s.f1.DataDir(), "raft.db"), raftDB, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s applied %d; its log now ends before %d", f1, applied, cut)
+	t.Logf("%s applied %d; its log now ends before %d", s.f1, s.applied, cut)
+	return s
+}
 
+func lostLogTail(t *testing.T, store string) {
+	s := loseTail(t, store)
+	c, l, f1, f2, topic := s.c, s.l, s.f1, s.f2, lostTopic
+	acked := s.acked
 	f1.Restart()
 	f2.Restart()
 	restricted := publishWhileLeaderDown(t, c, l, f1, f2, topic, &acked)
@@ -423,4 +439,65 @@ func restoreLost(t *testing.T, n *tc.Node, topic string, acked []string) {
 		return nil
 	}))
 	checkDelivered(t, mustLeader(t, rc), topic, acked)
+}
+
+// TestConflictAtAppliedIndexRefused: a node that lost entries without
+// knowing it (F1's state is gone with its log's tail, so nothing says it
+// had applied them) lets F1 and F2 elect a leader without them, which
+// writes other entries at those indexes. Two of three nodes lacking
+// acknowledged entries is beyond what mqd promises; but L, whose state
+// applied the originals, must not clear them from its log and skip the
+// new ones silently, as it did before (and answered /readyz 200 with a
+// state no other node has). It refuses to clear them, keeps its log and
+// state as evidence, and says for good that it differs; the others keep
+// serving.
+func TestConflictAtAppliedIndexRefused(t *testing.T) {
+	t.Parallel()
+	s := loseTail(t, "wal")
+	for _, f := range []string{"fsm.db", "fsm.db.state"} {
+		if err := os.Remove(filepath.Join(s.f1.DataDir(), f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.f1.Restart()
+	s.f2.Restart()
+	leader, err := s.c.Leader(ctxFor(t, 60*time.Second))
+	if err != nil {
+		t.Fatalf("F1 and F2 elect no leader: %v", err)
+	}
+	for i := range 100 {
+		if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, lostTopic, fmt.Sprintf("other-%03d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit := mustCluster(t, leader).CommitIndex
+	s.l.Restart()
+	ctx := ctxFor(t, 60*time.Second)
+	for {
+		r, err := s.l.Do(ctx, "GET", "/readyz", nil, nil)
+		if err == nil && r.Status == 503 && strings.Contains(string(r.Body), "for good") {
+			t.Logf("%s /readyz: %s", s.l, r.Body)
+			break
+		}
+		if err == nil && r.Status == 200 && mustCluster(t, s.l).AppliedIndex >= commit {
+			t.Fatalf("%s answered /readyz 200 after the leader's log replaced entries its state had applied (its state skipped the new ones)", s.l)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s never said it differs for good: %v", s.l, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := mustCluster(t, s.l).AppliedIndex; got != s.applied {
+		t.Errorf("%s applied index %d, want %d (its state as it was)", s.l, got, s.applied)
+	}
+	m, err := s.l.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
+	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+		t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", s.l, err)
+	}
+	if b := mustRead(t, filepath.Join(s.l.DataDir(), "lost-entries")); !strings.Contains(string(b), `"diverged":true`) {
+		t.Errorf("%s lost-entries: %s", s.l, b)
+	}
+	if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, lostTopic, "still-serving"); err != nil {
+		t.Errorf("F1 and F2 stopped serving: %v", err)
+	}
 }
