@@ -281,28 +281,57 @@ func cutWALTail(t *testing.T, dir string, from uint64) {
 	t.Logf("zeroed %s from byte %d to %d (entries %d to %d)", filepath.Base(path), start, off, from, idx-1)
 }
 
-// compareStates waits until the nodes have applied the same index, stops
-// them (followers first, so the leader cannot commit more), and compares
-// their fsm.db files key by key.
+// compareStates compares the nodes' fsm.db files key by key, as the chaos
+// harness does (test/chaos/replicas.go): it freezes every node (SIGSTOP),
+// copies each file, resumes them, and compares the copies once they were
+// taken at one applied index (the leader may still commit, e.g. a trim).
 func compareStates(t *testing.T, c *tc.Cluster) {
 	t.Helper()
-	leader := mustLeader(t, c)
-	nodes := []*tc.Node{leader}
-	for _, n := range c.Nodes() {
-		if n != leader {
-			nodes = append(nodes, n)
-		}
-	}
+	nodes := c.Nodes()
 	waitApplied(t, nodes...)
-	for i := len(nodes) - 1; i >= 0; i-- { // the leader last
-		if err := nodes[i].Stop(); err != nil {
-			t.Fatalf("stop %s: %v", nodes[i], err)
+	dir := t.TempDir()
+	var applied []uint64
+	for attempt := range 20 {
+		if attempt > 0 {
+			time.Sleep(300 * time.Millisecond)
 		}
+		paths := make([]string, len(nodes))
+		for _, n := range nodes {
+			n.Pause()
+		}
+		for i, n := range nodes {
+			paths[i] = filepath.Join(dir, fmt.Sprintf("%s-%d.db", n.ID(), attempt))
+			err := os.WriteFile(paths[i], mustRead(t, filepath.Join(n.DataDir(), "fsm.db")), 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range nodes {
+			n.Resume()
+		}
+		states := make([]map[string][]byte, len(nodes))
+		applied = applied[:0]
+		for i := range nodes {
+			states[i] = readFSM(t, paths[i])
+			var idx uint64
+			if v := states[i][`"meta"/"applied_index"`]; len(v) == 8 {
+				idx = binary.BigEndian.Uint64(v)
+			}
+			applied = append(applied, idx)
+		}
+		if slices.Min(applied) != slices.Max(applied) {
+			continue
+		}
+		if diff := diffStates(states); len(diff) > 0 {
+			t.Errorf("replicas at applied index %d differ in %d keys, e.g. %v", applied[0], len(diff), diff[:min(5, len(diff))])
+		}
+		return
 	}
-	states := make([]map[string][]byte, len(nodes))
-	for i, n := range nodes {
-		states[i] = readFSM(t, filepath.Join(n.DataDir(), "fsm.db"))
-	}
+	t.Fatalf("the nodes' states were never copied at one applied index (last %v)", applied)
+}
+
+// diffStates lists the keys whose values are not the same in every state.
+func diffStates(states []map[string][]byte) []string {
 	keys := map[string]bool{}
 	for _, s := range states {
 		for k := range s {
@@ -312,16 +341,15 @@ func compareStates(t *testing.T, c *tc.Cluster) {
 	var diff []string
 	for k := range keys {
 		for i := 1; i < len(states); i++ {
-			if !bytes.Equal(states[0][k], states[i][k]) {
+			v0, ok0 := states[0][k]
+			if v, ok := states[i][k]; ok != ok0 || !bytes.Equal(v0, v) {
 				diff = append(diff, k)
 				break
 			}
 		}
 	}
 	sort.Strings(diff)
-	if len(diff) > 0 {
-		t.Errorf("replicas differ in %d keys, e.g. %v", len(diff), diff[:min(5, len(diff))])
-	}
+	return diff
 }
 
 // readFSM flattens a state file: bucket path/key → value.
