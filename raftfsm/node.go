@@ -173,7 +173,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
-	applied, appliedTerm := fsm.appliedIndexTerm() // as opened, before raft applies anything
+	applied, appliedTerm := fsm.lostEvidence() // how far the state got before this start (lostlog.go)
 	if o := fsm.OpenedIndex(); o > 0 {
 		last = o
 	}
