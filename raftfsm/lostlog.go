@@ -113,6 +113,9 @@ func (g *lostGuard) reason() string {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.mark == nil { // lifted meanwhile
+		return ""
+	}
 	if g.mark.Diverged {
 		return "not voting nor leading for good: " + g.mark.Reason + "; replace this node (docs/operations.md, Replacing a dead node)"
 	}
