@@ -132,32 +132,29 @@ func (g *lostGuard) index() uint64 {
 	return g.mark.Index
 }
 
-// restrict records m durably and restricts the node; a restriction already
-// in place is widened (the higher index, diverged sticks).
+// restrict restricts the node and records m durably. A restriction in
+// place is only widened: to a higher index, or to diverged (the first
+// divergence found stays). The node is restricted even when the record
+// cannot be written (the error says so; at open it stops the start).
 func (g *lostGuard) restrict(m lostMark, restores uint64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if old := g.mark; old != nil {
-		if old.Diverged && !m.Diverged {
-			return nil
-		}
-		if !m.Diverged && old.Index >= m.Index {
-			return nil
-		}
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	// Durable before raft may act on the restriction's absence.
-	if err := writeFileSync(filepath.Join(g.dir, lostFile), append(b, '\n')); err != nil {
-		return fmt.Errorf("record lost entries: %w", err)
+	if old := g.mark; old != nil && (old.Diverged || !m.Diverged && old.Index >= m.Index) {
+		return nil
 	}
 	g.mark, g.restores = &m, restores
 	g.on.Store(true)
 	g.found.Inc()
+	path := filepath.Join(g.dir, lostFile)
 	g.logger.Error("this node lost raft log entries its state applied: it does not vote nor stand for election until its log holds the leader's entries past them",
-		"why", m.Reason, "must_hold_index", m.Index, "term", m.Term, "diverged", m.Diverged, "record", filepath.Join(g.dir, lostFile))
+		"why", m.Reason, "must_hold_index", m.Index, "term", m.Term, "diverged", m.Diverged, "record", path)
+	b, err := json.Marshal(m)
+	if err == nil {
+		err = writeFileSync(path, append(b, '\n'))
+	}
+	if err != nil {
+		return fmt.Errorf("record lost entries in %s: %w", path, err)
+	}
 	return nil
 }
 
