@@ -106,6 +106,16 @@ func newLostGuard(dir string, logger *slog.Logger) (*lostGuard, error) {
 // restricted reports whether the node must not vote nor stand.
 func (g *lostGuard) restricted() bool { return g.on.Load() }
 
+// diverged reports whether the node is restricted for good.
+func (g *lostGuard) diverged() bool {
+	if !g.on.Load() {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mark != nil && g.mark.Diverged
+}
+
 // reason is why the node does not vote, for a person ("" if it does).
 func (g *lostGuard) reason() string {
 	if !g.on.Load() {

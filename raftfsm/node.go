@@ -211,7 +211,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}
-	n.trans = newVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, cfg.Logger)
+	n.trans = newVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -37,11 +38,15 @@ type gatedTransport interface {
 //     the pre-vote) is refused with an error both ways.
 //
 // AppendEntries and InstallSnapshot pass, so the node keeps receiving the
-// leader's log: that is how it catches up. Every RPC passes through one
+// leader's log: that is how it catches up. Only a node restricted for good
+// (diverged: the leader's log differs from what its state applied) refuses
+// InstallSnapshot too: installing it would replace the one state that still
+// holds the entries the cluster lost, which an operator may want back. Every RPC passes through one
 // forwarding goroutine (one more channel hop than raft's own consumer).
 type voteGate struct {
 	gatedTransport
 	restricted func() bool
+	diverged   func() bool
 	logger     *slog.Logger
 	id         raft.ServerID
 	ch         chan raft.RPC
@@ -51,11 +56,14 @@ type voteGate struct {
 	lastLog    atomic.Int64 // unix ns of the last "refused a vote" line
 }
 
+// errDiverged answers InstallSnapshot on a node restricted for good.
+var errDiverged = errors.New("refused: this node's state differs from the cluster's log and is kept as it is (see its /readyz)")
+
 // errNotVoting answers TimeoutNow while restricted.
 var errNotVoting = errors.New("not standing for election: this node lost raft log entries it had applied and has not caught up (see its /readyz)")
 
-func newVoteGate(inner gatedTransport, id raft.ServerID, restricted func() bool, logger *slog.Logger) *voteGate {
-	g := &voteGate{gatedTransport: inner, restricted: restricted, logger: logger, id: id,
+func newVoteGate(inner gatedTransport, id raft.ServerID, restricted, diverged func() bool, logger *slog.Logger) *voteGate {
+	g := &voteGate{gatedTransport: inner, restricted: restricted, diverged: diverged, logger: logger, id: id,
 		ch: make(chan raft.RPC), done: make(chan struct{})}
 	g.wg.Add(1)
 	go g.forward()
@@ -98,6 +106,15 @@ func (g *voteGate) refuse(rpc raft.RPC) bool {
 	case *raft.TimeoutNowRequest:
 		g.logRefusal("leadership transfer", req.ID, 0)
 		rpc.Respond(nil, errNotVoting)
+	case *raft.InstallSnapshotRequest:
+		if !g.diverged() {
+			return false
+		}
+		g.logRefusal("snapshot", req.ID, req.Term)
+		// The snapshot's bytes follow on the connection: read them, or
+		// the next request on it would be read from the middle of them.
+		_, _ = io.Copy(io.Discard, rpc.Reader)
+		rpc.Respond(nil, errDiverged)
 	default:
 		return false
 	}

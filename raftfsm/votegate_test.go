@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"strings"
@@ -14,7 +15,7 @@ import (
 
 // gatePair is two raft TCP transports on 127.0.0.1, the second behind a
 // voteGate whose restriction the test sets.
-func gatePair(t *testing.T) (a *raft.NetworkTransport, b *voteGate, restricted *atomic.Bool) {
+func gatePair(t *testing.T) (a *raft.NetworkTransport, b *voteGate, restricted, diverged *atomic.Bool) {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Output: io.Discard})
 	a, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 2, 5*time.Second, logger)
@@ -26,10 +27,10 @@ func gatePair(t *testing.T) (a *raft.NetworkTransport, b *voteGate, restricted *
 	if err != nil {
 		t.Fatal(err)
 	}
-	restricted = &atomic.Bool{}
-	b = newVoteGate(inner, "b", restricted.Load, slog.New(slog.DiscardHandler))
+	restricted, diverged = &atomic.Bool{}, &atomic.Bool{}
+	b = newVoteGate(inner, "b", restricted.Load, diverged.Load, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { b.Close() })
-	return a, b, restricted
+	return a, b, restricted, diverged
 }
 
 // serve answers every RPC on ch as raft would grant it, and sends the
@@ -50,6 +51,9 @@ func serve(ch <-chan raft.RPC, seen chan<- any, done <-chan struct{}) {
 				rpc.Respond(&raft.AppendEntriesResponse{Term: 7, Success: true}, nil)
 			case *raft.TimeoutNowRequest:
 				rpc.Respond(&raft.TimeoutNowResponse{}, nil)
+			case *raft.InstallSnapshotRequest:
+				_, _ = io.Copy(io.Discard, rpc.Reader)
+				rpc.Respond(&raft.InstallSnapshotResponse{Term: 7, Success: true}, nil)
 			}
 		}
 	}
@@ -61,7 +65,7 @@ func serve(ch <-chan raft.RPC, seen chan<- any, done <-chan struct{}) {
 // AppendEntries still passes; its own vote requests are not sent. Once
 // lifted, everything passes.
 func TestVoteGateRefusesVotesWhileRestricted(t *testing.T) {
-	a, b, restricted := gatePair(t)
+	a, b, restricted, _ := gatePair(t)
 	done := make(chan struct{})
 	defer close(done)
 	seenB, seenA := make(chan any, 16), make(chan any, 16)
@@ -121,4 +125,38 @@ func TestVoteGateRefusesVotesWhileRestricted(t *testing.T) {
 func isAppend(c any) bool {
 	_, ok := c.(*raft.AppendEntriesRequest)
 	return ok
+}
+
+// TestVoteGateKeepsDivergedState: a node restricted for good refuses the
+// leader's snapshot (it would replace the only state holding what the
+// cluster lost), reading its bytes so that the connection stays usable;
+// a node restricted until caught up takes it.
+func TestVoteGateKeepsDivergedState(t *testing.T) {
+	a, b, restricted, diverged := gatePair(t)
+	done := make(chan struct{})
+	defer close(done)
+	seen := make(chan any, 16)
+	go serve(b.Consumer(), seen, done)
+	snap := &raft.InstallSnapshotRequest{RPCHeader: raft.RPCHeader{ID: []byte("a")}, Term: 5, Size: 8 << 20}
+	data := bytes.Repeat([]byte("s"), 8<<20) // more than socket buffers hold
+	restricted.Store(true)
+	diverged.Store(true)
+	var sr raft.InstallSnapshotResponse
+	if err := a.InstallSnapshot("b", b.LocalAddr(), snap, &sr, bytes.NewReader(data)); err == nil || !strings.Contains(err.Error(), "kept as it is") {
+		t.Fatalf("snapshot to a diverged node: %+v, %v; want refused", sr, err)
+	}
+	var ar raft.AppendEntriesResponse
+	if err := a.AppendEntries("b", b.LocalAddr(), &raft.AppendEntriesRequest{Term: 5}, &ar); err != nil || !ar.Success {
+		t.Fatalf("append after the refused snapshot: %+v, %v", ar, err)
+	}
+	if got := <-seen; !isAppend(got) {
+		t.Fatalf("b's raft first saw %T, want the AppendEntries", got)
+	}
+	diverged.Store(false)
+	if err := a.InstallSnapshot("b", b.LocalAddr(), snap, &sr, bytes.NewReader(data)); err != nil || !sr.Success {
+		t.Fatalf("snapshot to a node restricted until caught up: %+v, %v", sr, err)
+	}
+	if _, ok := (<-seen).(*raft.InstallSnapshotRequest); !ok {
+		t.Fatal("b's raft did not see the snapshot")
+	}
 }
