@@ -49,6 +49,7 @@ func (n *Node) Run(ctx context.Context) {
 	go n.watch(ctx)
 	go n.probeLoop(ctx)
 	go n.recordClockLoop(ctx.Done())
+	go n.lostLoop(ctx)
 	ch := n.Raft.LeaderCh()
 	for {
 		select {
@@ -91,6 +92,10 @@ func (n *Node) leaderLoop(ctx context.Context) {
 		if ctx.Err() != nil || !n.IsLeader() {
 			return
 		}
+	}
+	// A node that lost log entries it applied serves nothing (lostlog.go).
+	if !n.leadGate(ctx) {
+		return
 	}
 	// A leader whose clock is off would stamp it into every command:
 	// hand off instead (clock.go). Nothing timestamped is proposed before.

@@ -163,6 +163,7 @@ func (n *Node) Collectors() []prometheus.Collector {
 			func() float64 { return float64(n.FSM.Restores()) }),
 		raftTimings.commit, raftTimings.apply, nodeCollector{n}}
 	cs = append(cs, n.clockCollectors()...)
+	cs = append(cs, n.lostCollectors()...)
 	return append(cs, n.disk.collectors()...)
 }
 

@@ -83,9 +83,10 @@ type Node struct {
 	cfg        Config
 	Raft       *raft.Raft
 	FSM        *FSM
-	trans      *raft.NetworkTransport
+	trans      *voteGate // raft's TCP transport, kept out of elections while lost is restricted
 	stores     *raftStores
-	dirLock    *dirLock // held from Open to Shutdown
+	lost       *lostGuard // lostlog.go
+	dirLock    *dirLock   // held from Open to Shutdown
 	disk       *diskGuard
 	clock      *clock
 	clockStart startClock // timeline.go
@@ -135,6 +136,10 @@ func Open(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.ready.hc = n.peerClient(readyAsk)
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
+	if n.lost, err = newLostGuard(cfg.DataDir, cfg.Logger); err != nil {
+		lock.release()
+		return nil, err
+	}
 	if n.clock, err = newClock(); err != nil {
 		lock.release()
 		return nil, err
@@ -173,13 +178,16 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
+	applied, appliedTerm := fsm.lostEvidence() // how far the state got before this start (lostlog.go)
 	if o := fsm.OpenedIndex(); o > 0 {
 		last = o
 	}
 	fsm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
-	logs, err := raft.NewLogCache(64, n.stores.log)
+	// Raft writes the log through guardedLog, which refuses to replace
+	// entries the state applied (guardlog.go).
+	logs, err := raft.NewLogCache(64, guardedLog{LogStore: n.stores.log, n: n})
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -197,11 +205,18 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft advertise address: %w", err)
 	}
-	n.trans, err = newTransport(cfg, adv, hlog)
+	// A state applied past what the log and snapshots hold: this node lost
+	// entries; it stays out of elections until it has them again.
+	if err := n.checkLostAtOpen(applied, appliedTerm, snaps); err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	nt, err := newTransport(cfg, adv, hlog)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}
+	n.trans = newVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog

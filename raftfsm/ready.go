@@ -74,6 +74,10 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 		v.Reason = st.Reason
 		return v
 	}
+	if why := n.lost.reason(); why != "" {
+		v.Reason = why
+		return v
+	}
 	lid, addr, ok := n.Leader()
 	if !ok {
 		v.Reason = "no leader known (an election, or this node is not in a cluster yet)"

@@ -1,0 +1,531 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+	bolt "go.etcd.io/bbolt"
+)
+
+// One node losing the newest entries of its raft log, which its state had
+// already applied, loses nothing acknowledged (issue 21, item 4). 100
+// publishes are committed on the leader L and the follower F1 while the
+// other follower F2 is down; L and F1 are killed; F1's log loses those
+// entries (raft-wal: the tail segment's newest frames zeroed; raft-boltdb:
+// raft.db replaced by a copy taken before them); F1 and F2 are started,
+// then L. F1 must neither vote nor lead until it holds L's log again, so
+// that no leader is elected without the entries; then every acknowledged
+// message is delivered and the three states are identical.
+func TestLostLogTailLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"wal", "bolt"} {
+		t.Run(store, func(t *testing.T) { lostLogTail(t, store) })
+	}
+}
+
+// tailLost is a 3-node cluster after the loss: L and F1 killed (L's log and
+// F1's state hold the 100 "lost" publishes, F1's log no longer does), F2
+// stopped before them; acked holds every acknowledged payload.
+type tailLost struct {
+	c         *tc.Cluster
+	l, f1, f2 *tc.Node
+	acked     []string
+	applied   uint64 // L's and F1's applied index when killed
+}
+
+const lostTopic = "lostlog"
+
+func loseTail(t *testing.T, store string) *tailLost {
+	c := tc.Start(t, 3, tc.WithFlags("--raft-log", store))
+	l, fs := mustRoles(t, c)
+	s := &tailLost{c: c, l: l, f1: fs[0], f2: fs[1]}
+	mustTopic(t, l, lostTopic, map[string]any{"partitions": 1})
+	publish := func(prefix string, n int) {
+		for i := range n {
+			p := fmt.Sprintf("%s-%03d", prefix, i)
+			mustPublish(t, l, lostTopic, p, nil)
+			s.acked = append(s.acked, p)
+		}
+	}
+	publish("before", 20)
+	waitApplied(t, l, s.f1, s.f2)
+	var raftDB []byte // bolt: F1's log as it was before the 100 publishes
+	if store == "bolt" {
+		if err := s.f1.Stop(); err != nil {
+			t.Fatalf("stop %s: %v", s.f1, err)
+		}
+		raftDB = mustRead(t, filepath.Join(s.f1.DataDir(), "raft.db"))
+		s.f1.Restart()
+		if err := s.f1.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatalf("%s after restart: %v", s.f1, err)
+		}
+	}
+	cut := mustCluster(t, s.f1).AppliedIndex + 1 // the first entry F1 will lose
+	if err := s.f2.Stop(); err != nil {
+		t.Fatalf("stop %s: %v", s.f2, err)
+	}
+	publish("lost", 100) // committed on L and F1
+	waitApplied(t, l, s.f1)
+	s.applied = mustCluster(t, s.f1).AppliedIndex
+	l.Kill()
+	s.f1.Kill()
+	if store == "wal" {
+		cutWALTail(t, filepath.Join(s.f1.DataDir(), "wal"), cut)
+	} else if err := os.WriteFile(filepath.Join(s.f1.DataDir(), "raft.db"), raftDB, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s applied %d; its log now ends before %d", s.f1, s.applied, cut)
+	return s
+}
+
+func lostLogTail(t *testing.T, store string) {
+	s := loseTail(t, store)
+	c, l, f1, f2, topic := s.c, s.l, s.f1, s.f2, lostTopic
+	acked := s.acked
+	f1.Restart()
+	f2.Restart()
+	restricted := publishWhileLeaderDown(t, c, l, f1, f2, topic, &acked)
+	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+		t.Fatalf("cluster not ready after L's return: %v", err)
+	}
+	leader := mustLeader(t, c)
+	for i := range 20 {
+		p := fmt.Sprintf("final-%03d", i)
+		if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, topic, p); err != nil {
+			t.Fatal(err)
+		}
+		acked = append(acked, p)
+	}
+	checkDelivered(t, leader, topic, acked)
+	compareStates(t, c)
+	if !restricted {
+		t.Errorf("%s never answered /readyz 503 saying it does not vote after losing its log's tail", f1)
+	}
+	if _, err := os.Stat(filepath.Join(f1.DataDir(), "lost-entries")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still records lost entries after catching up: %v", f1, err)
+	}
+}
+
+// publishWhileLeaderDown publishes 100 messages with F1 and F2 up and L
+// down, starting L once F1 says it does not vote (none can be acked before
+// L returns) or once they were all acked (a leader was elected without the
+// lost entries). It reports whether F1 said so.
+func publishWhileLeaderDown(t *testing.T, c *tc.Cluster, l, f1, f2 *tc.Node, topic string, acked *[]string) bool {
+	done := make(chan error, 1)
+	var after []string
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		defer cancel()
+		for i := range 100 {
+			p := fmt.Sprintf("after-%03d", i)
+			if _, err := publishRetry(ctx, []*tc.Node{f1, f2}, topic, p); err != nil {
+				done <- err
+				return
+			}
+			after = append(after, p)
+		}
+		done <- nil
+	}()
+	restricted := false
+	deadline := time.After(60 * time.Second)
+	var err error
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-deadline:
+			t.Fatalf("neither a leader among %s, %s nor %s saying it does not vote within 60 s", f1, f2, f1)
+		case <-time.After(100 * time.Millisecond):
+		}
+		r, rerr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/readyz", nil, nil)
+		if rerr == nil && r.Status == 503 && strings.Contains(string(r.Body), "not voting") {
+			t.Logf("%s /readyz: %s", f1, r.Body)
+			m, merr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
+			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+				t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", f1, merr)
+			}
+			restricted = true
+			break wait
+		}
+	}
+	l.Restart()
+	if err == nil && restricted {
+		err = <-done
+	}
+	if err != nil {
+		t.Fatalf("publishing with L down, then back: %v", err)
+	}
+	*acked = append(*acked, after...)
+	return restricted
+}
+
+// checkDelivered drains the topic through n and checks every acked payload
+// is among the messages.
+func checkDelivered(t *testing.T, n *tc.Node, topic string, acked []string) {
+	t.Helper()
+	msgs, err := drain(ctxFor(t, 60*time.Second), n, topic, "check", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, v := range values(t, msgs) {
+		got[v] = true
+	}
+	var missing []string
+	for _, p := range acked {
+		if !got[p] {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%d acked, %d delivered; %d acked messages never delivered, e.g. %v", len(acked), len(msgs), len(missing), missing[:min(5, len(missing))])
+	}
+}
+
+func mustCluster(t *testing.T, n *tc.Node) tc.ClusterInfo {
+	t.Helper()
+	ci, err := n.Cluster(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("%s /v1/cluster: %v", n, err)
+	}
+	return ci
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// waitApplied waits until every node has applied what the first one has.
+func waitApplied(t *testing.T, nodes ...*tc.Node) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	want := mustCluster(t, nodes[0]).AppliedIndex
+	for _, n := range nodes[1:] {
+		for {
+			if ci, err := n.Cluster(ctx); err == nil && ci.AppliedIndex >= want {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s did not apply index %d", n, want)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// cutWALTail zeroes raft-wal's tail segment from the frame of entry index
+// from on, as storage that lost its newest writes would leave it: at open
+// raft-wal keeps entries up to the last valid commit frame before it.
+// Segment layout (raft-wal v0.4.0 segment/format.go): a 32-byte header
+// with the base index at bytes 8-16, then 8-byte-aligned frames, each with
+// an 8-byte header (type, 3 reserved, length; commit frames carry a CRC
+// there and no payload).
+func cutWALTail(t *testing.T, dir string, from uint64) {
+	t.Helper()
+	segs, err := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no wal segment in %s: %v", dir, err)
+	}
+	sort.Strings(segs) // named by base index, zero-padded
+	path := segs[len(segs)-1]
+	b := mustRead(t, path)
+	base := binary.LittleEndian.Uint64(b[8:16])
+	if from < base {
+		t.Fatalf("entry %d is before the tail segment %s (base %d)", from, path, base)
+	}
+	idx, start, off := base, -1, 32
+	for off+8 <= len(b) && b[off] != 0 {
+		typ, size := b[off], 8
+		if typ != 3 { // entry or index frame: a payload, padded to 8 bytes
+			n := int(binary.LittleEndian.Uint32(b[off+4 : off+8]))
+			size += (n + 7) &^ 7
+		}
+		if typ == 1 {
+			if idx == from {
+				start = off
+			}
+			idx++
+		}
+		off += size
+	}
+	if start < 0 {
+		t.Fatalf("entry %d not in %s (entries %d to %d)", from, path, base, idx-1)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, off-start), int64(start)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("zeroed %s from byte %d to %d (entries %d to %d)", filepath.Base(path), start, off, from, idx-1)
+}
+
+// compareStates compares the nodes' fsm.db files key by key, as the chaos
+// harness does (test/chaos/replicas.go): it freezes every node (SIGSTOP),
+// copies each file, resumes them, and compares the copies once they were
+// taken at one applied index (the leader may still commit, e.g. a trim).
+func compareStates(t *testing.T, c *tc.Cluster) {
+	t.Helper()
+	nodes := c.Nodes()
+	waitApplied(t, nodes...)
+	dir := t.TempDir()
+	var applied []uint64
+	for attempt := range 20 {
+		if attempt > 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		paths := make([]string, len(nodes))
+		for _, n := range nodes {
+			n.Pause()
+		}
+		for i, n := range nodes {
+			paths[i] = filepath.Join(dir, fmt.Sprintf("%s-%d.db", n.ID(), attempt))
+			err := os.WriteFile(paths[i], mustRead(t, filepath.Join(n.DataDir(), "fsm.db")), 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range nodes {
+			n.Resume()
+		}
+		states := make([]map[string][]byte, len(nodes))
+		applied = applied[:0]
+		for i := range nodes {
+			states[i] = readFSM(t, paths[i])
+			var idx uint64
+			if v := states[i][`"meta"/"applied_index"`]; len(v) == 8 {
+				idx = binary.BigEndian.Uint64(v)
+			}
+			applied = append(applied, idx)
+		}
+		if slices.Min(applied) != slices.Max(applied) {
+			continue
+		}
+		if diff := diffStates(states); len(diff) > 0 {
+			t.Errorf("replicas at applied index %d differ in %d keys, e.g. %v", applied[0], len(diff), diff[:min(5, len(diff))])
+		}
+		return
+	}
+	t.Fatalf("the nodes' states were never copied at one applied index (last %v)", applied)
+}
+
+// diffStates lists the keys whose values are not the same in every state.
+func diffStates(states []map[string][]byte) []string {
+	keys := map[string]bool{}
+	for _, s := range states {
+		for k := range s {
+			keys[k] = true
+		}
+	}
+	var diff []string
+	for k := range keys {
+		for i := 1; i < len(states); i++ {
+			v0, ok0 := states[0][k]
+			if v, ok := states[i][k]; ok != ok0 || !bytes.Equal(v0, v) {
+				diff = append(diff, k)
+				break
+			}
+		}
+	}
+	sort.Strings(diff)
+	return diff
+}
+
+// readFSM flattens a state file: bucket path/key → value.
+func readFSM(t *testing.T, path string) map[string][]byte {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer db.Close()
+	out := map[string][]byte{}
+	var walk func(b *bolt.Bucket, prefix string)
+	walk = func(b *bolt.Bucket, prefix string) {
+		_ = b.ForEach(func(k, v []byte) error {
+			p := prefix + "/" + strconv.Quote(string(k))
+			if v == nil && b.Bucket(k) != nil {
+				walk(b.Bucket(k), p)
+				return nil
+			}
+			out[p] = append([]byte(nil), v...)
+			return nil
+		})
+	}
+	_ = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			walk(b, strconv.Quote(string(name)))
+			return nil
+		})
+	})
+	return out
+}
+
+// A one-node cluster whose raft log lost entries its state applied elects
+// itself without anyone's vote: it must then serve nothing (every write
+// would land at an index its state skips) and say why. The code before
+// answered /readyz 200 and failed every write with 503 "no result" (its
+// state skipped them) until the log passed the state's index. No other
+// node holds the lost entries, but the state does: the operator's way out
+// (docs/operations.md) is a backup of it restored as a new cluster, which
+// holds every acknowledged message.
+func TestLostLogTailSingleNodeServesNothing(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1)
+	n := mustLeader(t, c)
+	const topic = "lostlog1"
+	mustTopic(t, n, topic, map[string]any{"partitions": 1})
+	var acked []string
+	for i := range 40 {
+		p := fmt.Sprintf("m-%03d", i)
+		mustPublish(t, n, topic, p, nil)
+		acked = append(acked, p)
+	}
+	cut := mustCluster(t, n).AppliedIndex - 29 // the last 30 publishes
+	n.Kill()
+	cutWALTail(t, filepath.Join(n.DataDir(), "wal"), cut)
+	n.Restart()
+	ctx := ctxFor(t, 30*time.Second)
+	restricted := false
+	for !restricted {
+		r, err := n.Do(ctx, "GET", "/readyz", nil, nil)
+		if err == nil && r.Status == 200 {
+			break
+		}
+		restricted = err == nil && strings.Contains(string(r.Body), "not voting")
+		if !restricted && ctx.Err() != nil {
+			t.Fatalf("neither ready nor saying it does not vote within 30 s: %v", err)
+		}
+		if !restricted {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pr, _, err := n.Publish(pctx, topic, []byte("after"), map[string]string{"Mq-Timeout-Ms": "2000"})
+	if restricted {
+		if err == nil {
+			t.Fatalf("acknowledged a publish (offset %d) while its state is ahead of its log", pr.Offset)
+		}
+		if r, err := n.Do(ctxFor(t, 5*time.Second), "GET", "/readyz", nil, nil); err != nil || r.Status != 503 {
+			t.Fatalf("/readyz after the refused publish: %v %v", r, err)
+		}
+		restoreLost(t, n, topic, acked)
+		return
+	}
+	t.Errorf("%s answered /readyz 200 with its state ahead of its log", n)
+	if err != nil {
+		t.Fatalf("publish after the restart: %v", err)
+	}
+	msgs, err := drain(ctxFor(t, 30*time.Second), n, topic, "check", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(values(t, msgs), "after") {
+		t.Errorf("acknowledged publish \"after\" (offset %d) never delivered (%d delivered)", pr.Offset, len(msgs))
+	}
+}
+
+// restoreLost takes a backup of n's state, restores it as a new one-node
+// cluster and checks it delivers every acked message.
+func restoreLost(t *testing.T, n *tc.Node, topic string, acked []string) {
+	t.Helper()
+	r, err := n.Do(ctxFor(t, 30*time.Second), "GET", "/v1/cluster/backup", nil, nil)
+	if err != nil || r.Expect(200) != nil {
+		t.Fatalf("backup from the restricted node: %v %v", err, r.Expect(200))
+	}
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(file, r.Body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.Kill()
+	rc := tc.Start(t, 1, tc.WithNodeArgs(func(rn *tc.Node) []string {
+		if out, err := runMqd(t, "restore", "--data-dir", rn.DataDir(), "--id", rn.ID(), "--raft-addr", rn.RaftAddr(), file); err != nil {
+			t.Fatalf("mqd restore: %v\n%s", err, out)
+		}
+		return nil
+	}))
+	checkDelivered(t, mustLeader(t, rc), topic, acked)
+}
+
+// TestConflictAtAppliedIndexRefused: a node that lost entries without
+// knowing it (F1's state is gone with its log's tail, so nothing says it
+// had applied them) lets F1 and F2 elect a leader without them, which
+// writes other entries at those indexes. Two of three nodes lacking
+// acknowledged entries is beyond what mqd promises; but L, whose state
+// applied the originals, must not clear them from its log and skip the
+// new ones silently, as it did before (and answered /readyz 200 with a
+// state no other node has). It refuses to clear them, keeps its log and
+// state as evidence, and says for good that it differs; the others keep
+// serving.
+func TestConflictAtAppliedIndexRefused(t *testing.T) {
+	t.Parallel()
+	s := loseTail(t, "wal")
+	for _, f := range []string{"fsm.db", "fsm.db.state"} {
+		if err := os.Remove(filepath.Join(s.f1.DataDir(), f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.f1.Restart()
+	s.f2.Restart()
+	leader, err := s.c.Leader(ctxFor(t, 60*time.Second))
+	if err != nil {
+		t.Fatalf("F1 and F2 elect no leader: %v", err)
+	}
+	for i := range 100 {
+		if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, lostTopic, fmt.Sprintf("other-%03d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit := mustCluster(t, leader).CommitIndex
+	s.l.Restart()
+	ctx := ctxFor(t, 60*time.Second)
+	for {
+		r, err := s.l.Do(ctx, "GET", "/readyz", nil, nil)
+		if err == nil && r.Status == 503 && strings.Contains(string(r.Body), "for good") {
+			t.Logf("%s /readyz: %s", s.l, r.Body)
+			break
+		}
+		if err == nil && r.Status == 200 && mustCluster(t, s.l).AppliedIndex >= commit {
+			t.Fatalf("%s answered /readyz 200 after the leader's log replaced entries its state had applied (its state skipped the new ones)", s.l)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s never said it differs for good: %v", s.l, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := mustCluster(t, s.l).AppliedIndex; got != s.applied {
+		t.Errorf("%s applied index %d, want %d (its state as it was)", s.l, got, s.applied)
+	}
+	m, err := s.l.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
+	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+		t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", s.l, err)
+	}
+	if b := mustRead(t, filepath.Join(s.l.DataDir(), "lost-entries")); !strings.Contains(string(b), `"diverged":true`) {
+		t.Errorf("%s lost-entries: %s", s.l, b)
+	}
+	if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, lostTopic, "still-serving"); err != nil {
+		t.Errorf("F1 and F2 stopped serving: %v", err)
+	}
+}
