@@ -133,6 +133,9 @@ type Group struct {
 	// leaseBytes: a lease stops once its messages' records hold this many
 	// bytes (0: no bound).
 	leaseBytes int
+	// traceKeys: an ack of a keyed message records which message it was
+	// and its deliveries with the processed key (trace.go).
+	traceKeys bool
 }
 
 // UseSpans makes the group's leases of new keyless messages write one

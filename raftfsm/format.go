@@ -25,11 +25,20 @@ import (
 //   - 1: every state written before the format existed (no meta key).
 //   - 2: leases of keyless messages may be kept as range records
 //     (group.UseSpans); a lease stops at LeaseMaxBytes; a publish looks
-//     a key up before it checks the message's size. A format's rules are
-//     fixed once a release writes it (docs/ARCHITECTURE.md, State format).
+//     a key up before it checks the message's size.
+//   - 3: OpProcess (process.go) is applied, and keeps each call's outcome
+//     (group "po"/"pr" buckets, dedup kind 'o'); a publish counts the
+//     publishes answered as duplicates of a key in the key's index entry;
+//     an ack of a keyed message records with the processed key which
+//     message it was and its deliveries (group.TraceKeys). A binary
+//     before format 3 cannot decode OpProcess and would expire a kind 'o'
+//     entry as corrupt.
+//
+// A format's rules are fixed once a release writes it
+// (docs/ARCHITECTURE.md, State format).
 const (
 	// StateFormat is the highest format this binary reads and writes.
-	StateFormat = 2
+	StateFormat = 3
 	// formatUnset is the format of a state without the meta key.
 	formatUnset = 1
 )

@@ -56,22 +56,22 @@ func TestStateFormatRaised(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	for _, n := range c.Nodes() {
-		st, err := waitNodeStatus(ctx, n, "state_format 2", func(st nodeStatus) bool { return st.StateFormat == 2 })
+		st, err := waitNodeStatus(ctx, n, "state_format 3", func(st nodeStatus) bool { return st.StateFormat == 3 })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.StateFormatMax != 2 || st.ID != n.ID() {
-			t.Fatalf("%s: status %+v, want state_format_max 2 and its own id", n, st)
+		if st.StateFormatMax != 3 || st.ID != n.ID() {
+			t.Fatalf("%s: status %+v, want state_format_max 3 and its own id", n, st)
 		}
-		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != 2 {
-			t.Fatalf("%s: mqd_state_format = %v (present %v), want 2", n, v, ok)
+		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != 3 {
+			t.Fatalf("%s: mqd_state_format = %v (present %v), want 3", n, v, ok)
 		}
 	}
 	// /v1/cluster: the state's format, and what each member reads.
-	_, err := waitView(ctx, c.Node(0), "state format 2, every member reading it", func(ci tc.ClusterInfo) bool {
-		ok := ci.StateFormat == 2 && len(ci.Nodes) == 3
+	_, err := waitView(ctx, c.Node(0), "state format 3, every member reading it", func(ci tc.ClusterInfo) bool {
+		ok := ci.StateFormat == 3 && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
-			ok = ok && n.StateFormatMax == 2
+			ok = ok && n.StateFormatMax == 3
 		}
 		return ok
 	})
@@ -91,7 +91,7 @@ func TestStateFormatRaised(t *testing.T) {
 	}
 }
 
-// Once the cluster is in format 2, the leader refuses to add a node whose
+// Once the cluster is in format 3, the leader refuses to add a node whose
 // binary does not read it: here an HTTP server answering
 // /v1/internal/status as a binary from before formats does, and a node
 // that does not answer at all. The join is answered 409
@@ -102,7 +102,7 @@ func TestJoinRefusedToOlderBinary(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
-	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+	if _, err := waitView(ctx, leader, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 3 }); err != nil {
 		t.Fatal(err)
 	}
 	// A raft address nobody listens on: were the node added, the

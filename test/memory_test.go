@@ -144,7 +144,7 @@ func TestFetchAnswerBoundedInBytes(t *testing.T) {
 	c := tc.Start(t, 1)
 	n := c.Node(0)
 	ctx := ctxFor(t, 60*time.Second)
-	if _, err := waitView(ctx, n, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+	if _, err := waitView(ctx, n, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})

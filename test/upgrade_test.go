@@ -23,7 +23,7 @@ const preFormatRelease = "efa6caf"
 // it, after which the old binary leads and must still see the leases the
 // new leader granted (were they range records, it would count them acked
 // and never redeliver them). Once every member runs the new binary the
-// format rises to 2; leases from both binaries are then acked, and every
+// format rises to the newest; leases from both binaries are then acked, and every
 // message is consumed exactly once.
 func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	t.Parallel()
@@ -195,10 +195,10 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	ack(oldNode, heldOld, "leases of the old leader, acked via the old binary")
 	ack(oldNode, heldNew, "leases of the new leader, acked via the old binary")
 
-	// The last member upgraded: the format rises to 2 everywhere.
+	// The last member upgraded: the format rises to the newest (3) everywhere.
 	upgrade(oldNode)
 	for _, n := range c.Nodes() {
-		if _, err := waitNodeStatus(ctx, n, "state_format 2", func(st nodeStatus) bool { return st.StateFormat == 2 }); err != nil {
+		if _, err := waitNodeStatus(ctx, n, "state_format 3", func(st nodeStatus) bool { return st.StateFormat == 3 }); err != nil {
 			t.Fatal(err)
 		}
 	}
