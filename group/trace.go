@@ -20,6 +20,10 @@ type KeyState struct {
 	State      string
 	Deliveries uint64        // deliveries since the last replay (failed ones and the current or acked one)
 	History    []dlq.Failure // failed deliveries, oldest first (at most dlq.MaxHistory)
+	// Processed: the group acked the key, through this message or (when
+	// skipped) another one; a skipped message without it was dropped
+	// unprocessed (trimmed before delivery, its dead letter discarded).
+	Processed bool
 }
 
 // TraceKeys makes acks of keyed messages record with the processed key
@@ -71,7 +75,7 @@ func (g *Group) KeyState(key string, p uint32, off uint64, now int64) (KeyState,
 		return KeyState{State: KeySkipped}, nil
 	}
 	if len(v) == 0 { // acked before state format 3: no details kept
-		return KeyState{State: KeyAcked, Deliveries: 1}, nil
+		return KeyState{State: KeyAcked, Deliveries: 1, Processed: true}, nil
 	}
 	d := mlog.Dec{B: v}
 	ap, aoff, n := uint32(d.U64()), d.U64(), d.U64()
@@ -80,9 +84,9 @@ func (g *Group) KeyState(key string, p uint32, off uint64, now int64) (KeyState,
 		return KeyState{}, err
 	}
 	if ap != p || aoff != off {
-		return KeyState{State: KeySkipped}, nil
+		return KeyState{State: KeySkipped, Processed: true}, nil
 	}
-	return KeyState{State: KeyAcked, Deliveries: n, History: h}, nil
+	return KeyState{State: KeyAcked, Deliveries: n, History: h, Processed: true}, nil
 }
 
 func (g *Group) recordState(rec record, now int64) (KeyState, error) {
