@@ -43,7 +43,7 @@ var routeStatuses = map[string][]int{
 	"POST /v1/topics/{topic}/groups/{group}/ack":        {200, 404},
 	"POST /v1/topics/{topic}/groups/{group}/nack":       {200, 404},
 	"POST /v1/topics/{topic}/groups/{group}/extend":     {200, 404},
-	"POST /v1/topics/{topic}/groups/{group}/process":    {200, 404, 409, 413, 507}, // stale_receipt, state_format_too_old
+	"POST /v1/topics/{topic}/groups/{group}/process":    {200, 404, 409, 413, 507}, // stale_receipt
 	"GET /v1/topics/{topic}/keys/{key}":                 {200, 404},
 	"POST /v1/topics/{topic}/reconcile":                 {200, 404, 413},
 	"GET /v1/topics/{topic}/groups/{group}/dlq":         {200, 404},

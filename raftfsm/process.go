@@ -15,8 +15,10 @@ var (
 	// the whole call is refused (Result.Statuses says which).
 	ErrStaleReceipt = refusal.New(409, "stale_receipt", "a receipt is stale or invalid: nothing was acked or published")
 	// ErrFormatTooOld: the request needs a state format the cluster has
-	// not reached (a member still runs an older binary).
-	ErrFormatTooOld = refusal.New(409, "state_format_too_old",
+	// not reached: a member still runs an older binary, or a new cluster's
+	// leader has not raised it yet (within a second of leading). A 503:
+	// retried, it succeeds once the format is raised.
+	ErrFormatTooOld = refusal.New(503, "state_format_too_old",
 		"the cluster's state format is too old for this request: every member must run a binary that reads format 3")
 )
 
