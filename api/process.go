@@ -71,6 +71,15 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w (it is %d)", raftfsm.ErrFormatTooOld, s.node.FSM.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
+	if errors.Is(err, group.ErrGroupNotFound) {
+		// As in an ack: a receipt of a group that does not exist is one
+		// the broker never issued.
+		res = &raftfsm.Result{Statuses: make([]string, len(cmd.Receipts))}
+		for i := range res.Statuses {
+			res.Statuses[i] = group.StatusInvalid
+		}
+		err = fmt.Errorf("%w: group %q does not exist", raftfsm.ErrStaleReceipt, r.group)
+	}
 	if errors.Is(err, raftfsm.ErrStaleReceipt) && res != nil {
 		rr := make([]receiptResult, 0, len(idx))
 		for j, i := range idx {

@@ -36,6 +36,9 @@ var (
 // outputs (a call weighs at most 2000).
 const MaxOutcomeWeight = 1 << 20
 
+// maxOutcomeWeight is MaxOutcomeWeight; tests lower it.
+var maxOutcomeWeight uint64 = MaxOutcomeWeight
+
 func (g *Group) outcomeIndex() (*dedup.Index, error) {
 	return dedup.Open(g.tx, g.b, bktOutcomes, dedup.KindOutcome, g.log.Topic, g.Name)
 }
@@ -157,7 +160,7 @@ func (g *Group) addOutcomeWeight(d int64) error {
 
 // makeOutcomeRoom drops the oldest outcomes until weight more fits.
 func (g *Group) makeOutcomeRoom(ix *dedup.Index, pr *bolt.Bucket, weight uint64) error {
-	for g.outcomeWeight()+weight > MaxOutcomeWeight {
+	for g.outcomeWeight()+weight > maxOutcomeWeight {
 		po := g.b.Bucket(bktOutcomes)
 		k, v := po.Cursor().First()
 		if k == nil {

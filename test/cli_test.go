@@ -234,7 +234,7 @@ func TestCLI(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		mustContain(t, "status", ok(t, srv, "", "cluster", "status"), "leader n1", "ID", "n1", "leader  ",
-			"state format ", "READS FORMAT", "<= 2")
+			"state format ", "READS FORMAT", "<= 3")
 		var st struct{ Leader struct{ ID string } }
 		if err := json.Unmarshal([]byte(ok(t, srv, "", "cluster", "status", "--json")), &st); err != nil || st.Leader.ID != "n1" {
 			t.Errorf("cluster status --json: %+v %v", st, err)

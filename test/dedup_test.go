@@ -48,7 +48,7 @@ func TestDedupRepeatOverLoweredMax(t *testing.T) {
 	c := tc.Start(t, 1)
 	leader := mustLeader(t, c)
 	ctx := ctxFor(t, 30*time.Second)
-	if _, err := waitView(ctx, leader, "state format 2", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 2 }); err != nil {
+	if _, err := waitView(ctx, leader, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	const topic = "dedup-lowered-max"

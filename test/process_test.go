@@ -134,6 +134,9 @@ func TestProcessThroughCluster(t *testing.T) {
 		append(outputs[:1:1], map[string]any{"topic": "nope", "value": "x"}))
 	refusedProcess(ctx, t, f1, "an oversized output", 413, "message_too_large", rs,
 		append(outputs[:1:1], map[string]any{"topic": "audit", "value": strings.Repeat("x", 65)}))
+	if r := doProcess(ctx, t, f0, "in", "nogroup", rs, outputs); r.Status != 409 || !strings.Contains(string(r.Body), `"status":"invalid"`) {
+		t.Fatalf("receipts of a group that does not exist: %d %s, want 409 with invalid receipts", r.Status, r.Body)
+	}
 	if n := messagesIn(ctx, t, leader, "out") + messagesIn(ctx, t, leader, "audit"); n != 0 {
 		t.Fatalf("%d messages published by refused calls", n)
 	}
