@@ -71,23 +71,9 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w (it is %d)", raftfsm.ErrFormatTooOld, s.node.FSM.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
-	if errors.Is(err, group.ErrGroupNotFound) {
-		// As in an ack: a receipt of a group that does not exist is one
-		// the broker never issued.
-		res = &raftfsm.Result{Statuses: make([]string, len(cmd.Receipts))}
-		for i := range res.Statuses {
-			res.Statuses[i] = group.StatusInvalid
-		}
-		err = fmt.Errorf("%w: group %q does not exist", raftfsm.ErrStaleReceipt, r.group)
-	}
-	if errors.Is(err, raftfsm.ErrStaleReceipt) && res != nil {
-		rr := make([]receiptResult, 0, len(idx))
-		for j, i := range idx {
-			if j < len(res.Statuses) {
-				rr = append(rr, receiptResult{Receipt: b.Ack[i], Status: res.Statuses[j]})
-			}
-		}
-		writeStale(ctx, err, rr)
+	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, raftfsm.ErrStaleReceipt) {
+		rr, serr := staleReceipts(err, r, b.Ack, idx, res)
+		writeStale(ctx, serr, rr)
 		return nil
 	}
 	if err != nil {
@@ -200,6 +186,30 @@ func (e invalidReceipts) Error() string {
 }
 
 func (e invalidReceipts) Unwrap() error { return raftfsm.ErrStaleReceipt }
+
+// staleReceipts pairs the request's receipts (ack, of which the command
+// holds those at idx) with their statuses in a refused call's result; a
+// group that does not exist makes each one invalid, as in an ack.
+func staleReceipts(err error, r *route, ack []string, idx []int, res *raftfsm.Result) ([]receiptResult, error) {
+	var st []string
+	if res != nil {
+		st = res.Statuses
+	}
+	if errors.Is(err, group.ErrGroupNotFound) {
+		err = fmt.Errorf("%w: group %q does not exist", raftfsm.ErrStaleReceipt, r.group)
+		st = make([]string, len(idx))
+		for i := range st {
+			st[i] = group.StatusInvalid
+		}
+	}
+	rr := make([]receiptResult, 0, len(idx))
+	for j, i := range idx {
+		if j < len(st) {
+			rr = append(rr, receiptResult{Receipt: ack[i], Status: st[j]})
+		}
+	}
+	return rr, err
+}
 
 // writeStale answers 409 stale_receipt naming the receipts not ok, with
 // every receipt's status.

@@ -165,7 +165,8 @@ func TestApplyProcessOutcomeExpires(t *testing.T) {
 
 // Replicas decide alike whatever the raft batches: one FSM applies each
 // command in a batch of its own, another everything in one batch, a third
-// packed in OpMulti entries; their states are identical.
+// restored from a snapshot taken after the first call; their states are
+// identical. A fourth packs the commands in OpMulti entries (another log).
 func TestApplyProcessDeterministicAcrossBatches(t *testing.T) {
 	run := func(h *harness, mode int) {
 		rs := processSetup(t, h, ProcessFormat)
@@ -182,18 +183,29 @@ func TestApplyProcessDeterministicAcrossBatches(t *testing.T) {
 			}
 		case 1:
 			h.batch(cmds...)
+		case 3: // a replica that gets a snapshot after the first call
+			h.apply(cmds[0])
+			fresh := mustFSM(t)
+			h.restoreInto(fresh)
+			fresh.idx = h.idx
+			*h = *fresh
+			h.batch(cmds[1:]...)
 		default:
 			h.apply(&Command{Op: OpMulti, Now: 1003, Batch: cmds[:2]})
 			h.apply(&Command{Op: OpMulti, Now: 1005, Batch: cmds[2:]})
 		}
 	}
-	a, b, c := mustFSM(t), mustFSM(t), mustFSM(t)
+	a, b, c, d := mustFSM(t), mustFSM(t), mustFSM(t), mustFSM(t)
 	run(a, 0)
 	run(b, 1)
 	run(c, 2)
+	run(d, 3)
 	da, db, dc := dumpDB(t, a.f), dumpDB(t, b.f), dumpDB(t, c.f)
 	if !reflect.DeepEqual(da, db) {
 		t.Fatalf("one batch vs one entry each:\n%s", diffDumps(da, db))
+	}
+	if dd := dumpDB(t, d.f); !reflect.DeepEqual(da, dd) {
+		t.Fatalf("restored from a snapshot mid-way vs one entry each:\n%s", diffDumps(da, dd))
 	}
 	// OpMulti puts two commands at one raft index: the outcome keys hold
 	// the index, so they differ there, and only there.
