@@ -120,7 +120,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	if _, err := waitView(ctx, newLeader, "every member probed, the old one reading format 0", func(ci tc.ClusterInfo) bool {
 		seen := 0
 		for _, x := range ci.Nodes {
-			want := 2
+			want := 3
 			if x.ID == oldNode.ID() {
 				want = 0
 			}
