@@ -225,3 +225,27 @@ func TestApplyProcessDeterministicAcrossBatches(t *testing.T) {
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
+
+// Keyless messages are leased under range records (spans): process acks
+// them there like an ack does, and leaves the others of the span leased.
+func TestApplyProcessSpanLeases(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&Command{Op: OpSetFormat, Now: 1000, Format: ProcessFormat})
+	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "in"})
+	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "out"})
+	h.must(publish(1001, "in", msg("a"), msg("b"), msg("c")))
+	rs := receipts(h.must(&Command{Op: OpLease, Now: 1002, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000}).Deliveries)
+	if len(rs) != 3 {
+		t.Fatalf("leased %d", len(rs))
+	}
+	h.must(&Command{Op: OpProcess, Now: 1003, Topic: "in", Group: "g", Receipts: rs[:2], Outputs: []Output{out("out", "", "x")}})
+	if g := topicStates(t, h.f, 1003)["in"].Groups["g"]; g.Acked != 2 || g.InFlight != 1 {
+		t.Fatalf("after processing 2 of a span of 3: %+v", g)
+	}
+	if r := h.must(&Command{Op: OpProcess, Now: 1004, Topic: "in", Group: "g", Receipts: rs[:2]}); !r.Process.Duplicate {
+		t.Fatalf("repeat: %+v", r.Process)
+	}
+	if r := h.must(&Command{Op: OpAck, Now: 1005, Topic: "in", Group: "g", Receipts: rs}); !reflect.DeepEqual(r.Statuses, []string{"stale", "stale", "ok"}) {
+		t.Fatalf("ack after process: %v", r.Statuses)
+	}
+}
