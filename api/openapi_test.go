@@ -44,6 +44,9 @@ var routeStatuses = map[string][]int{
 	"POST /v1/topics/{topic}/groups/{group}/ack":        {200, 404},
 	"POST /v1/topics/{topic}/groups/{group}/nack":       {200, 404},
 	"POST /v1/topics/{topic}/groups/{group}/extend":     {200, 404},
+	"POST /v1/topics/{topic}/groups/{group}/process":    {200, 404, 409, 413, 507}, // stale_receipt
+	"GET /v1/topics/{topic}/keys/{key}":                 {200, 404},
+	"POST /v1/topics/{topic}/reconcile":                 {200, 404, 413},
 	"GET /v1/topics/{topic}/groups/{group}/dlq":         {200, 404},
 	"POST /v1/topics/{topic}/groups/{group}/dlq/replay": {200, 404, 507},
 	"DELETE /v1/topics/{topic}/groups/{group}/dlq/{id}": {200, 400, 404}, // bad_request: id not a positive integer

@@ -81,6 +81,7 @@ type route struct {
 	def          *Route
 	topic, group string
 	dlqID        string          // the path's {id}: a dead letter's, or a node's
+	key          string          // the path's {key}: an idempotency key
 	id           *auth.Identity  // the caller's token; nil when auth is off
 	rest         string          // {name...}: the rest of the path
 	allow        string          // on ErrMethod: the path's methods
@@ -127,6 +128,8 @@ func (s *Server) routes() []Route {
 		rt("DELETE", topic, true, PermAdmin, s.deleteTopic),
 		rt("POST", topic+"/messages", true, PermPublish, s.publish),
 		rt("POST", topic+"/messages:batch", true, PermPublish, s.publishBatch),
+		rt("GET", topic+"/keys/{key}", true, PermConsume, s.traceKey),
+		rt("POST", topic+"/reconcile", true, PermConsume, s.reconcile),
 
 		rt("PUT", grp, true, PermConsume|PermAdmin, s.putGroup),
 		rt("DELETE", grp, true, PermAdmin, s.deleteGroup),
@@ -134,6 +137,7 @@ func (s *Server) routes() []Route {
 		rt("POST", grp+"/ack", true, PermConsume, s.ack),
 		rt("POST", grp+"/nack", true, PermConsume, s.nack),
 		rt("POST", grp+"/extend", true, PermConsume, s.extend),
+		rt("POST", grp+"/process", true, PermConsume, s.process),
 		withQuery(rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters), "limit", "after", "idempotency_key"),
 		rt("POST", grp+"/dlq/replay", true, PermAdmin, s.replayDeadLetters),
 		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
@@ -278,6 +282,8 @@ func (r *route) set(name, v string) {
 		r.group = v
 	case "id":
 		r.dlqID = v
+	case "key":
+		r.key = v
 	}
 }
 

@@ -119,8 +119,8 @@ func (c *Client) handle(ctx context.Context, topic, group string, m *Message, h 
 	herr := h(hctx, m)
 	close(stop)
 	wg.Wait()
-	if errors.Is(context.Cause(hctx), ErrLeaseLost) {
-		return // already reported; the message is someone else's now
+	if errors.Is(context.Cause(hctx), ErrLeaseLost) || errors.Is(herr, errSettled) {
+		return // already reported, or settled by a process call (process.go)
 	}
 	// Settle even when ctx has ended: the handler's work is done.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)

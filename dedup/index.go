@@ -14,6 +14,7 @@ const (
 	KindPublish   byte = 'p' // topic's idempotency keys
 	KindProcessed byte = 'g' // keys a group has acked
 	KindProducer  byte = 's' // producer sequence state
+	KindOutcome   byte = 'o' // a group's process outcomes (from state format 3)
 )
 
 var bktExpiry = []byte("dedup_expiry")
@@ -83,6 +84,22 @@ func (ix *Index) Put(key, payload []byte, expires int64) error {
 		return err
 	}
 	return ix.exp.Put(ix.expiryKey(expires, key), nil)
+}
+
+// SetPayload replaces the payload of key's live entry, keeping its expiry
+// (and its place in the expiry index); a missing key is left missing.
+func (ix *Index) SetPayload(key, payload []byte) error {
+	if ix.b == nil {
+		return nil
+	}
+	old := ix.b.Get(key)
+	if len(old) < 8 {
+		return nil
+	}
+	v := make([]byte, 8+len(payload))
+	copy(v, old[:8])
+	copy(v[8:], payload)
+	return ix.b.Put(key, v)
 }
 
 // Delete removes key.

@@ -314,7 +314,7 @@ func (g *Group) Ack(now int64, idx uint64, receipts []Receipt) ([]string, error)
 			return err
 		}
 		g.c.Acked++
-		return g.keyDone(rec.Key, now)
+		return g.keyDone(rec.Key, now, g.ackTrace(r, rec))
 	})
 }
 

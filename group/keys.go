@@ -36,8 +36,10 @@ func (g *Group) leasedByOther(key string, p uint32, off uint64) bool {
 }
 
 // keyDone records an ack of a message with key: the key is processed for
-// the window, and the messages held behind it are skipped as duplicates.
-func (g *Group) keyDone(key string, now int64) error {
+// the window (with trace, from state format 3, saying which message and
+// how its deliveries went), and the messages held behind it are skipped as
+// duplicates.
+func (g *Group) keyDone(key string, now int64, trace []byte) error {
 	if key == "" {
 		return nil
 	}
@@ -47,7 +49,7 @@ func (g *Group) keyDone(key string, now int64) error {
 		if err != nil {
 			return err
 		}
-		if err := ix.Put([]byte(key), nil, now+window); err != nil {
+		if err := ix.Put([]byte(key), trace, now+window); err != nil {
 			return err
 		}
 	}

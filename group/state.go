@@ -140,6 +140,9 @@ type Group struct {
 	// stored next partition (keyNextPartition), not at its raft index
 	// mod partitions.
 	rotate bool
+	// traceKeys: an ack of a keyed message records which message it was
+	// and its deliveries with the processed key (trace.go).
+	traceKeys bool
 }
 
 // RotatePartitions makes the group's leases take new messages round robin

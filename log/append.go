@@ -80,6 +80,9 @@ func (l *Log) CheckSize(n int) error { return l.Cfg.CheckSize(n) }
 // trims the oldest messages (oldest head first across partitions) and reports
 // what it trimmed.
 func (l *Log) MakeRoom(n, size uint64) ([]Trimmed, error) {
+	if err := l.CheckRoom(n, size); err != nil {
+		return nil, err
+	}
 	if l.Cfg.MaxMessages == 0 && l.Cfg.MaxBytes == 0 {
 		return nil, nil
 	}
@@ -93,10 +96,6 @@ func (l *Log) MakeRoom(n, size uint64) ([]Trimmed, error) {
 	}
 	if !over() {
 		return nil, nil
-	}
-	if l.Cfg.Overflow == OverflowReject || (l.Cfg.MaxMessages > 0 && n > uint64(l.Cfg.MaxMessages)) ||
-		(l.Cfg.MaxBytes > 0 && size > uint64(l.Cfg.MaxBytes)) {
-		return nil, fmt.Errorf("%w: limit max_messages=%d max_bytes=%d", ErrTopicFull, l.Cfg.MaxMessages, l.Cfg.MaxBytes)
 	}
 	trimmed := map[uint32]uint64{}
 	for over() && count > 0 {
@@ -119,6 +118,25 @@ func (l *Log) MakeRoom(n, size uint64) ([]Trimmed, error) {
 		}
 	}
 	return out, nil
+}
+
+// CheckRoom answers the ErrTopicFull that MakeRoom(n, size) would, without
+// writing: a command publishing to several topics checks them all first.
+func (l *Log) CheckRoom(n, size uint64) error {
+	if l.Cfg.MaxMessages == 0 && l.Cfg.MaxBytes == 0 {
+		return nil
+	}
+	count, bytes, err := l.Totals()
+	if err != nil {
+		return err
+	}
+	over := (l.Cfg.MaxMessages > 0 && count+n > uint64(l.Cfg.MaxMessages)) ||
+		(l.Cfg.MaxBytes > 0 && bytes+size > uint64(l.Cfg.MaxBytes))
+	if over && (l.Cfg.Overflow == OverflowReject || (l.Cfg.MaxMessages > 0 && n > uint64(l.Cfg.MaxMessages)) ||
+		(l.Cfg.MaxBytes > 0 && size > uint64(l.Cfg.MaxBytes))) {
+		return fmt.Errorf("%w: limit max_messages=%d max_bytes=%d", ErrTopicFull, l.Cfg.MaxMessages, l.Cfg.MaxBytes)
+	}
+	return nil
 }
 
 func (l *Log) oldestHead() (*Partition, error) {

@@ -49,6 +49,8 @@ func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) 
 		return &Result{}, tx.Bucket(bktNodes).Put([]byte(c.Node.ID), e.B)
 	case OpSetFormat:
 		return &Result{}, applySetFormat(tx, c, ev)
+	case OpProcess:
+		return applyProcess(tx, idx, c, ev)
 	}
 	return &Result{}, nil
 }
@@ -175,6 +177,9 @@ func openGroup(tx *bolt.Tx, c *Command, create bool, ev *Events) (*group.Group, 
 	}
 	g.ReportTimers(&ev.Timers)
 	g.ReportTally(ev)
+	if ev.format >= 3 { // acks keep what KeyState reports (process.go)
+		g.TraceKeys()
+	}
 	return g, nil
 }
 

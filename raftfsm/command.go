@@ -33,13 +33,14 @@ const (
 	OpReplayStep
 	OpDeleteDeadLetter
 	OpSetFormat
-	opEnd // one past the last op
+	OpProcess // from state format 3 (format.go)
+	opEnd     // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
 		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi",
-		"nack", "replay", "replay_step", "delete_dead_letter", "set_format"}
+		"nack", "replay", "replay_step", "delete_dead_letter", "set_format", "process"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -85,6 +86,14 @@ type Command struct {
 	All       bool     // OpReplay
 	Rate      uint64   // OpReplay: letters per second
 	Format    uint32   // OpSetFormat: the state format to switch to (format.go)
+	Outputs   []Output // OpProcess: the messages to publish, with Receipts to ack
+}
+
+// Output is one message an OpProcess publishes, to any topic, placed on
+// its partition by the leader.
+type Output struct {
+	Topic string
+	mlog.Placed
 }
 
 // Encode renders the command in the versioned binary encoding.
@@ -165,10 +174,18 @@ func (c *Command) sizeHint() int {
 		n += 40 + len(x.Topic) + len(x.Group)
 	}
 	for _, m := range c.Msgs {
-		n += 80 + len(m.Msg.Value) + len(m.Msg.IdempotencyKey)
-		for _, a := range m.Msg.Attrs {
-			n += 20 + len(a.Name) + len(a.Value)
-		}
+		n += placedSize(m)
+	}
+	for _, o := range c.Outputs {
+		n += 8 + len(o.Topic) + placedSize(o.Placed)
+	}
+	return n
+}
+
+func placedSize(m mlog.Placed) int {
+	n := 80 + len(m.Msg.Value) + len(m.Msg.IdempotencyKey)
+	for _, a := range m.Msg.Attrs {
+		n += 20 + len(a.Name) + len(a.Value)
 	}
 	return n
 }
@@ -242,6 +259,16 @@ func (c *Command) encode(e *mlog.Enc) {
 		e.Str(c.Node.RaftAddr)
 	case OpSetFormat:
 		e.U64(uint64(c.Format))
+	case OpProcess:
+		e.Str(c.Topic)
+		e.Str(c.Group)
+		encodeReceipts(e, c.Receipts)
+		e.U64(uint64(len(c.Outputs)))
+		for _, o := range c.Outputs {
+			e.Str(o.Topic)
+			e.U64(uint64(o.Partition))
+			o.Msg.Encode(e)
+		}
 	}
 }
 
@@ -368,6 +395,17 @@ func DecodeCommand(b []byte) (*Command, error) {
 		c.Node = NodeInfo{ID: d.Str(), HTTPAddr: d.Str(), RaftAddr: d.Str()}
 	case OpSetFormat:
 		c.Format = uint32(d.U64())
+	case OpProcess:
+		c.Topic, c.Group = d.Str(), d.Str()
+		c.Receipts = decodeReceipts(&d)
+		n := d.Len(10)
+		c.Outputs = make([]Output, n)
+		for i := range c.Outputs {
+			o := &c.Outputs[i]
+			o.Topic = d.Str()
+			o.Partition = uint32(d.U64())
+			o.Msg = mlog.DecodeMessage(&d)
+		}
 	default:
 		if d.Err() == nil {
 			return nil, fmt.Errorf("%w: unknown op %d", mlog.ErrCorrupt, c.Op)

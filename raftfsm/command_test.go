@@ -71,6 +71,13 @@ func sampleCommands() []*Command {
 			{Op: OpExtend, Now: 13, Topic: "orders", Group: "billing", LeaseMs: 5, Receipts: []group.Receipt{{Offset: 7, Delivery: 9}}},
 		}},
 		{Op: OpSetFormat, Now: 20, Format: 2},
+		{Op: OpProcess, Now: 21, Topic: "orders", Group: "billing", Receipts: []group.Receipt{
+			{Partition: 1, Offset: 2, Delivery: 3}, {Offset: 4, Delivery: 5},
+		}, Outputs: []Output{
+			{Topic: "payments", Placed: mlog.Placed{Partition: 2, Msg: &mlog.Message{IdempotencyKey: "pay-1", MaxRetry: -1,
+				BackoffBaseMs: -1, BackoffJitterMs: -1, Attrs: []mlog.Attr{{Name: "k", Value: "v"}}, Value: []byte("p")}}},
+			{Topic: "audit", Placed: mlog.Placed{Msg: &mlog.Message{MaxRetry: 1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: []byte{}}}},
+		}},
 	}
 }
 

@@ -28,7 +28,14 @@ import (
 //     a key up before it checks the message's size.
 //   - 3: a lease takes new messages starting at the partition after the
 //     last one the group's previous lease took one from (a group key,
-//     group.RotatePartitions), not at its raft index mod partitions.
+//     group.RotatePartitions), not at its raft index mod partitions;
+//     OpProcess (process.go) is applied, and keeps each call's outcome
+//     (group "po"/"pr" buckets, dedup kind 'o'); a publish counts the
+//     publishes answered as duplicates of a key in the key's index entry;
+//     an ack of a keyed message records with the processed key which
+//     message it was and its deliveries (group.TraceKeys). A binary
+//     before format 3 cannot decode OpProcess and would expire a kind 'o'
+//     entry as corrupt.
 //
 // A format's rules are fixed once a release writes it
 // (docs/ARCHITECTURE.md, State format).

@@ -29,9 +29,10 @@ type Result struct {
 	Published  []Published
 	Deliveries []group.Delivery // OpLease; each with its Msg on a node that waits for it
 	Statuses   []string
-	Expected   uint64    // ErrSeqGap: the producer sequence that must come next
-	Multi      []*Result // OpMulti: one result per command
-	Accepted   uint64    // OpReplay, OpReplayStep: letters queued or replayed
+	Expected   uint64         // ErrSeqGap: the producer sequence that must come next
+	Multi      []*Result      // OpMulti: one result per command
+	Accepted   uint64         // OpReplay, OpReplayStep: letters queued or replayed
+	Process    *ProcessResult // OpProcess (process.go)
 }
 
 // Events is what a batch did that soft state must learn: topics that

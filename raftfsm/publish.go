@@ -50,6 +50,64 @@ func decodePlacement(v []byte) (uint32, uint64, error) {
 	return p, off, d.Err()
 }
 
+// A publish index entry is the placement, and from state format 3 the
+// count of publishes answered as its duplicates once there was one
+// (absent: none). decodePlacement reads the placement alone, as binaries
+// before format 3 do.
+func encodeKeyEntry(p uint32, off, dups uint64) []byte {
+	b := encodePlacement(p, off)
+	if dups == 0 {
+		return b
+	}
+	e := mlog.Enc{B: b}
+	e.U64(dups)
+	return e.B
+}
+
+func decodeKeyEntry(v []byte) (p uint32, off, dups uint64, err error) {
+	d := mlog.Dec{B: v}
+	p, off = uint32(d.U64()), d.U64()
+	if d.Err() == nil && len(d.B) > 0 {
+		dups = d.U64()
+	}
+	return p, off, dups, d.Err()
+}
+
+// countDuplicates adds the plan's duplicates by key (of a stored message
+// or of an earlier one in the batch) to their keys' entries, in the order
+// the keys first appear (replicas write alike).
+func (p *pubPlan) countDuplicates() error {
+	if p.window <= 0 {
+		return nil
+	}
+	var keys []string
+	add := map[string]uint64{}
+	for i, m := range p.msgs {
+		k := m.Msg.IdempotencyKey
+		if p.fresh[i] || k == "" {
+			continue
+		}
+		if add[k] == 0 {
+			keys = append(keys, k)
+		}
+		add[k]++
+	}
+	for _, k := range keys {
+		v, ok := p.ix.Get([]byte(k), p.now)
+		if !ok {
+			continue
+		}
+		pl, off, dups, err := decodeKeyEntry(v)
+		if err != nil {
+			return err
+		}
+		if err := p.ix.SetPayload([]byte(k), encodeKeyEntry(pl, off, dups+add[k])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // applyPublish appends a batch atomically: every check that can refuse it
 // runs before the first write. Producer sequences are checked first, then
 // each message's idempotency key (inside the batch too); duplicates store
@@ -59,10 +117,10 @@ func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Published: make([]Published, len(c.Msgs))}
-	window := l.Cfg.DedupWindowMs
+	res := &Result{}
 	var prod *dedup.Producers
 	if c.Producer != "" {
+		res.Published = make([]Published, len(c.Msgs))
 		if prod, err = dedup.OpenProducers(tx, l.Bucket(), c.Topic); err != nil {
 			return nil, err
 		}
@@ -71,96 +129,140 @@ func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 			return res, err
 		}
 	}
+	plan, err := planPublish(tx, l, c.Msgs, c.Now, ev.format)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.CheckRoom(plan.n, plan.size); err != nil {
+		return nil, err
+	}
+	if err := plan.commit(tx, ev); err != nil {
+		return nil, err
+	}
+	res.Published = plan.res
+	if prod != nil {
+		for i, pub := range res.Published {
+			if err := prod.Record(c.Producer, c.Seq+uint64(i), pub.Partition, pub.Offset, c.Now+max(plan.window, minProducerIdle)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return res, nil
+}
+
+// pubPlan is what a publish of msgs to one topic will do, decided without
+// writing (planPublish), so that a command publishing to several topics
+// refuses before it changes any of them; commit then writes it.
+type pubPlan struct {
+	l      *mlog.Log
+	ix     *dedup.Index
+	msgs   []mlog.Placed
+	now    int64
+	window int64
+	format int
+	fresh  []bool
+	// firstInBatch: the first message of the batch with each key.
+	firstInBatch map[string]int
+	n, size      uint64 // the fresh messages and their bytes
+	res          []Published
+}
+
+// planPublish decides each message: new, or a duplicate of a stored one
+// or of an earlier one in this batch; and refuses one over the topic's
+// max_message_bytes.
+func planPublish(tx *bolt.Tx, l *mlog.Log, msgs []mlog.Placed, now int64, format int) (*pubPlan, error) {
 	ix, err := publishIndex(tx, l)
 	if err != nil {
 		return nil, err
 	}
-	// Decide each message: new, or a duplicate of a stored one or of an
-	// earlier one in this batch.
-	firstInBatch := map[string]int{}
-	fresh := make([]bool, len(c.Msgs))
-	var n, size uint64
+	p := &pubPlan{l: l, ix: ix, msgs: msgs, now: now, window: l.Cfg.DedupWindowMs, format: format,
+		fresh: make([]bool, len(msgs)), firstInBatch: map[string]int{}, res: make([]Published, len(msgs))}
 	// From state format 2 a repeat is answered as one even if it is over
 	// the topic's max_message_bytes (lowered since the original was
 	// stored); format 1 checked the size first, and a replica must decide
 	// as the others do.
-	sizeFirst := ev.format < 2
-	for i, m := range c.Msgs {
+	sizeFirst := format < 2
+	for i, m := range msgs {
 		if sizeFirst {
 			if err := l.CheckSize(len(m.Msg.Value)); err != nil {
 				return nil, err
 			}
 		}
-		if k := m.Msg.IdempotencyKey; k != "" && window > 0 {
-			if v, ok := ix.Get([]byte(k), c.Now); ok {
-				p, off, err := decodePlacement(v)
+		if k := m.Msg.IdempotencyKey; k != "" && p.window > 0 {
+			if v, ok := ix.Get([]byte(k), now); ok {
+				pl, off, err := decodePlacement(v)
 				if err != nil {
 					return nil, err
 				}
-				res.Published[i] = Published{Partition: p, Offset: off, Duplicate: true}
+				p.res[i] = Published{Partition: pl, Offset: off, Duplicate: true}
 				continue
 			}
-			if _, ok := firstInBatch[k]; ok {
-				continue // placed below, once the first is stored
+			if _, ok := p.firstInBatch[k]; ok {
+				continue // placed by commit, once the first is stored
 			}
-			firstInBatch[k] = i
+			p.firstInBatch[k] = i
 		}
 		if !sizeFirst {
 			if err := l.CheckSize(len(m.Msg.Value)); err != nil {
 				return nil, err
 			}
 		}
-		fresh[i] = true
-		n++
-		size += uint64(len(m.Msg.Value))
+		p.fresh[i] = true
+		p.n++
+		p.size += uint64(len(m.Msg.Value))
 	}
-	trimmed, err := l.MakeRoom(n, size)
+	return p, nil
+}
+
+// commit writes the plan: room made (a drop-head topic trims), the fresh
+// messages appended and their keys indexed, the duplicates placed.
+func (p *pubPlan) commit(tx *bolt.Tx, ev *Events) error {
+	l := p.l
+	trimmed, err := l.MakeRoom(p.n, p.size)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := trimGroups(tx, l, trimmed); err != nil {
-		return nil, err
+		return err
 	}
-	for i, m := range c.Msgs {
-		if !fresh[i] {
+	for i, m := range p.msgs {
+		if !p.fresh[i] {
 			continue
 		}
 		// The leader chose the partition against the config it saw;
 		// partitions only grow, so the modulo keeps it in range.
-		p := m.Partition % l.Cfg.Partitions
-		part, err := l.Partition(p)
+		pt := m.Partition % l.Cfg.Partitions
+		part, err := l.Partition(pt)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		m.Msg.PublishedAt = c.Now
+		m.Msg.PublishedAt = p.now
 		off, err := part.Append(m.Msg)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		res.Published[i] = Published{Partition: p, Offset: off}
-		if k := m.Msg.IdempotencyKey; k != "" && window > 0 {
-			if err := ix.Put([]byte(k), encodePlacement(p, off), c.Now+window); err != nil {
-				return nil, err
+		p.res[i] = Published{Partition: pt, Offset: off}
+		if k := m.Msg.IdempotencyKey; k != "" && p.window > 0 {
+			if err := p.ix.Put([]byte(k), encodePlacement(pt, off), p.now+p.window); err != nil {
+				return err
 			}
 		}
 	}
-	for i, m := range c.Msgs {
-		if !fresh[i] && !res.Published[i].Duplicate {
-			first := res.Published[firstInBatch[m.Msg.IdempotencyKey]]
-			res.Published[i] = Published{Partition: first.Partition, Offset: first.Offset, Duplicate: true}
+	for i, m := range p.msgs {
+		if !p.fresh[i] && !p.res[i].Duplicate {
+			first := p.res[p.firstInBatch[m.Msg.IdempotencyKey]]
+			p.res[i] = Published{Partition: first.Partition, Offset: first.Offset, Duplicate: true}
 		}
 	}
-	if prod != nil {
-		for i, pub := range res.Published {
-			if err := prod.Record(c.Producer, c.Seq+uint64(i), pub.Partition, pub.Offset, c.Now+max(window, minProducerIdle)); err != nil {
-				return nil, err
-			}
+	if p.format >= 3 {
+		if err := p.countDuplicates(); err != nil {
+			return err
 		}
 	}
-	if n > 0 {
-		ev.wake(c.Topic)
+	if p.n > 0 {
+		ev.wake(l.Topic)
 	}
-	return res, nil
+	return nil
 }
 
 // minProducerIdle is the least time an idle producer's state is kept, even
@@ -229,6 +331,8 @@ func expireEntry(tx *bolt.Tx, d dedup.Due) error {
 		return prod.Expire(d)
 	case dedup.KindProcessed:
 		return group.ExpireProcessed(tx, l, d)
+	case dedup.KindOutcome:
+		return group.ExpireOutcome(tx, l, d)
 	}
 	return fmt.Errorf("%w: dedup expiry kind %q", mlog.ErrCorrupt, d.Kind)
 }

@@ -107,6 +107,9 @@ func authMatrix() []authCase {
 		{"POST", g + "/ack", receipts, "admin", "cons", 200},
 		{"POST", g + "/nack", receipts, "pub", "cons", 200},
 		{"POST", g + "/extend", map[string]any{"receipts": []string{"bogus"}, "lease_ms": 1000}, "other", "cons", 200},
+		{"POST", g + "/process", map[string]any{"ack": []string{"bogus"}}, "pub", "cons", 409}, // stale_receipt: bogus is invalid
+		{"GET", "/v1/topics/orders/keys/k1", nil, "pub", "cons", 404},                          // key_not_found
+		{"POST", "/v1/topics/orders/reconcile", map[string]any{"keys": []string{"k1"}}, "admin", "cons", 200},
 		{"GET", g + "/dlq", nil, "admin", "cons", 200}, // SPEC §8: listing is consume's, not admin's
 		{"POST", g + "/dlq/replay", map[string]any{"all": true}, "cons", "admin", 200},
 		{"DELETE", g + "/dlq/12345", nil, "cons", "admin", 404},

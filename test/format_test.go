@@ -92,7 +92,7 @@ func TestStateFormatRaised(t *testing.T) {
 	}
 }
 
-// Once the cluster is in format 2, the leader refuses to add a node whose
+// Once the cluster is in format 3, the leader refuses to add a node whose
 // binary does not read it: here an HTTP server answering
 // /v1/internal/status as a binary from before formats does, and a node
 // that does not answer at all. The join is answered 409
