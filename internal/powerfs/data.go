@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -151,6 +152,14 @@ func (p *FS) rollbackData(torn bool, r *Report) error {
 
 func (p *FS) rollbackFile(d *dirtyFile, torn bool, r *Report) error {
 	r.Files++
+	name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", d.f.Fd()))
+	if rel, rerr := filepath.Rel(p.backing, name); err == nil && rerr == nil {
+		name = rel
+	}
+	if torn && len(d.last) > 1 {
+		name += " (torn)"
+	}
+	r.Names = append(r.Names, name)
 	st, err := d.f.Stat()
 	if err != nil {
 		return err

@@ -43,6 +43,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -78,14 +79,15 @@ type FS struct {
 
 // Report says what a cut dropped.
 type Report struct {
-	Files   int   // files whose unsynced data was rolled back
-	Bytes   int64 // overwritten bytes put back plus bytes truncated off
-	Torn    int   // files that kept a prefix of their last run of unsynced writes
-	Entries int   // directory entry operations undone
+	Files   int      // files whose unsynced data was rolled back
+	Bytes   int64    // overwritten bytes put back plus bytes truncated off
+	Torn    int      // files that kept a prefix of their last run of unsynced writes
+	Entries int      // directory entry operations undone
+	Names   []string // the rolled-back files, relative to the backing directory, sorted; a torn one ends in " (torn)"
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d files rolled back (%d bytes, %d torn), %d entry operations undone", r.Files, r.Bytes, r.Torn, r.Entries)
+	return fmt.Sprintf("%d files rolled back (%d bytes, %d torn) %v, %d entry operations undone", r.Files, r.Bytes, r.Torn, r.Names, r.Entries)
 }
 
 // Available says why this process cannot mount a powerfs, or nil if it can
@@ -199,6 +201,7 @@ func (p *FS) Cut(torn bool) (Report, error) {
 	if err2 := p.rollbackEntries(&r); err == nil {
 		err = err2
 	}
+	slices.Sort(r.Names)
 	if err != nil {
 		return r, fmt.Errorf("powerfs: cut: %w", err)
 	}

@@ -2,11 +2,15 @@ package powerfs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -241,68 +245,81 @@ func TestTornWriteKeepsPrefix(t *testing.T) {
 // writes) keeps its synced transactions across a cut, loses the unsynced
 // one (NoSync), and opens consistent. (A torn cut of a NoSync transaction
 // may keep its meta page without its data pages, so it is not tried: bbolt
-// without fsync is not safe against power loss.)
+// without fsync is not safe against power loss.) The database is used by a
+// child process: a Go process must not fault pages of its own FUSE mount in
+// (a stop-the-world would wait for the faulting thread, which waits for the
+// server's goroutines).
 func TestBoltAcrossCut(t *testing.T) {
 	for _, noSync := range []bool{false, true} {
 		t.Run(map[bool]string{false: "synced", true: "nosync"}[noSync], func(t *testing.T) {
 			p, mnt := mountT(t)
 			path := filepath.Join(mnt, "x.db")
-			db, err := bolt.Open(path, 0o600, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			syncDir(t, mnt)
-			put := func(k string) {
-				t.Helper()
-				if err := db.Update(func(tx *bolt.Tx) error {
-					b, err := tx.CreateBucketIfNotExists([]byte("b"))
-					if err != nil {
-						return err
-					}
-					return b.Put([]byte(k), bytes.Repeat([]byte(k), 3000))
-				}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, k := range []string{"k1", "k2", "k3"} {
-				put(k)
-			}
-			db.NoSync = noSync
-			put("k4")
-			if err := db.View(func(tx *bolt.Tx) error { // read through the mmap
-				if tx.Bucket([]byte("b")).Get([]byte("k4")) == nil {
-					return errors.New("k4 not visible before the cut")
-				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Close(); err != nil {
-				t.Fatal(err)
-			}
+			boltChild(t, "write", path, noSync)
 			cut(t, p, !noSync)
-			db, err = bolt.Open(path, 0o600, nil)
-			if err != nil {
-				t.Fatalf("open after cut: %v", err)
-			}
-			defer db.Close()
-			if err := db.View(func(tx *bolt.Tx) error {
-				for err := range tx.Check() {
+			boltChild(t, "check", path, noSync)
+		})
+	}
+}
+
+// boltChild runs TestBoltChild in a child process of this test binary.
+func boltChild(t *testing.T, step, path string, noSync bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestBoltChild$", "-test.v")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("POWERFS_BOLT_CHILD=%s,%v,%s", step, noSync, path))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bolt %s: %v\n%s", step, err, out)
+	}
+}
+
+// TestBoltChild is TestBoltAcrossCut's child process.
+func TestBoltChild(t *testing.T) {
+	arg, ok := os.LookupEnv("POWERFS_BOLT_CHILD")
+	if !ok {
+		t.Skip("the child process of TestBoltAcrossCut")
+	}
+	step, rest, _ := strings.Cut(arg, ",")
+	ns, path, _ := strings.Cut(rest, ",")
+	noSync := ns == "true"
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer db.Close()
+	val := func(k string) []byte { return bytes.Repeat([]byte(k), 3000) }
+	if step == "write" {
+		syncDir(t, filepath.Dir(path))
+		for _, k := range []string{"k1", "k2", "k3", "k4"} {
+			db.NoSync = noSync && k == "k4"
+			if err := db.Update(func(tx *bolt.Tx) error {
+				b, err := tx.CreateBucketIfNotExists([]byte("b"))
+				if err != nil {
 					return err
 				}
-				b := tx.Bucket([]byte("b"))
-				for _, k := range []string{"k1", "k2", "k3"} {
-					if !bytes.Equal(b.Get([]byte(k)), bytes.Repeat([]byte(k), 3000)) {
-						return errors.New("synced key " + k + " lost")
-					}
-				}
-				if got := b.Get([]byte("k4")) != nil; got != !noSync {
-					return fmt.Errorf("key k4 (synced: %v) is there after the cut: %v", !noSync, got)
-				}
-				return nil
+				return b.Put([]byte(k), val(k))
 			}); err != nil {
 				t.Fatal(err)
 			}
-		})
+		}
+	}
+	if err := db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			return err
+		}
+		b := tx.Bucket([]byte("b"))
+		for _, k := range []string{"k1", "k2", "k3"} {
+			if !bytes.Equal(b.Get([]byte(k)), val(k)) {
+				return errors.New("synced key " + k + " lost")
+			}
+		}
+		want := step == "write" || !noSync // read through the mmap before the cut
+		if got := b.Get([]byte("k4")) != nil; got != want {
+			return fmt.Errorf("%s: key k4 (synced: %v) is there: %v", step, !noSync, got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
