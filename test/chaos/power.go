@@ -106,7 +106,6 @@ func (nm *Nemesis) powerCut(kind string, l, f *tc.Node) error {
 			return fmt.Errorf("%s on %s: %w", kind, v.ID(), err)
 		}
 		nm.logf("%s: %s lost %v", kind, v.ID(), r)
-		nm.Counts["power-cut nodes"]++
 	}
 	time.Sleep(hold)
 	for _, v := range victims {
