@@ -323,3 +323,39 @@ func TestBoltChild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDirectoryRenamePattern is raft's snapshot store: a temporary
+// directory filled with synced files, renamed to its final name, the
+// parent fsynced; then an older snapshot directory removed. Without the
+// last fsync the removal is undone.
+func TestDirectoryRenamePattern(t *testing.T) {
+	p, mnt := mountT(t)
+	snaps := filepath.Join(mnt, "snapshots")
+	if err := os.Mkdir(snaps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func(name, data string) {
+		t.Helper()
+		tmp := filepath.Join(snaps, name+".tmp")
+		if err := os.Mkdir(tmp, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(tmp, "state.bin"), []byte(data), true)
+		writeFile(t, filepath.Join(tmp, "meta.json"), []byte("{}"), true)
+		if err := os.Rename(tmp, filepath.Join(snaps, name)); err != nil {
+			t.Fatal(err)
+		}
+		syncDir(t, snaps)
+	}
+	snapshot("1-10", "old")
+	snapshot("1-20", "new")
+	if err := os.RemoveAll(filepath.Join(snaps, "1-10")); err != nil {
+		t.Fatal(err)
+	}
+	cut(t, p, true)
+	expectContent(t, filepath.Join(snaps, "1-20", "state.bin"), "new")
+	expectContent(t, filepath.Join(snaps, "1-10", "state.bin"), "old")
+	if _, err := os.Stat(filepath.Join(snaps, "1-20.tmp")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the temporary directory is back: %v", err)
+	}
+}
