@@ -126,10 +126,13 @@ func (p *FS) synced(fd int) syscall.Errno {
 		return errno(err)
 	}
 	p.dataMu.Lock()
-	defer p.dataMu.Unlock()
 	if d := p.files[k]; d != nil {
 		d.f.Close()
 		delete(p.files, k)
+	}
+	p.dataMu.Unlock()
+	if p.opts.FileSyncCommitsEntries {
+		return p.commit()
 	}
 	return 0
 }

@@ -29,8 +29,8 @@
 // It does not model: other reorderings of a file's unsynced writes (a cut
 // keeps none of them, but for the torn prefix of the last run), losing a synced
 // write (a disk that lies about fsync), attributes (modes, times, xattrs are
-// never rolled back), or the durability a file fsync gives its own directory
-// entry on ext4 (here only a directory fsync does). An fsync is not passed
+// never rolled back), or, by default, the durability a file fsync gives its
+// own directory entry on ext4 (Options.FileSyncCommitsEntries). An fsync is not passed
 // to the backing filesystem: the machine itself never loses power.
 //
 // It is for tests only: it needs root and /dev/fuse, and mounts with
@@ -58,6 +58,10 @@ type Options struct {
 	Seed uint64
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
+	// FileSyncCommitsEntries makes a file's fsync also make every earlier
+	// directory entry operation durable, as a journaling filesystem's commit
+	// does (ext4's); by default only a directory fsync does, as POSIX asks.
+	FileSyncCommitsEntries bool
 }
 
 // FS is one mounted power-loss filesystem.

@@ -359,3 +359,28 @@ func TestDirectoryRenamePattern(t *testing.T) {
 		t.Fatalf("the temporary directory is back: %v", err)
 	}
 }
+
+// TestFileSyncCommitsEntries: with the option, a file's fsync makes its
+// creation (and every earlier entry operation) durable.
+func TestFileSyncCommitsEntries(t *testing.T) {
+	if err := Available(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set and %v", err)
+		}
+		t.Skip(err)
+	}
+	root := t.TempDir()
+	mnt := filepath.Join(root, "mnt")
+	p, err := Mount(filepath.Join(root, "backing"), mnt, Options{FileSyncCommitsEntries: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Unmount()
+	writeFile(t, filepath.Join(mnt, "a"), []byte("A"), true)
+	writeFile(t, filepath.Join(mnt, "b"), []byte("B"), false)
+	cut(t, p, false)
+	expectContent(t, filepath.Join(mnt, "a"), "A")
+	if _, err := os.Stat(filepath.Join(mnt, "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("b, created after the last fsync, survived the cut: %v", err)
+	}
+}

@@ -12,19 +12,20 @@ import (
 )
 
 var (
-	seedFlag     = flag.Int64("chaos.seed", 1, "seed of the first TestChaos run (run i uses seed+i) and of TestSoak")
-	runsFlag     = flag.Int("chaos.runs", 2, "TestChaos: number of runs")
-	durationFlag = flag.Duration("chaos.duration", 45*time.Second, "TestChaos: length of the fault phase of each run")
-	faultsFlag   = flag.Int("chaos.faults", 1000, "most faults per run")
-	keepFlag     = flag.String("chaos.keep", "", "directory where a failed run leaves its node logs, data directories, figures and client events")
-	kindsFlag    = flag.String("chaos.kinds", "", "comma-separated fault kinds to use (default: all but the power cuts for TestChaos, all for TestSoak): "+strings.Join(allKinds, ","))
-	snapFlag     = flag.Int("chaos.snapshot-threshold", 2048, "--snapshot-threshold of the nodes")
-	trailFlag    = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps more log for forensics: up to a quarter of the state or 64 MiB, whichever is larger")
-	noReplayFlag = flag.Bool("chaos.no-replay", false, "no DLQ replays in the workload")
-	noTornFlag   = flag.Bool("chaos.no-torn", false, "power cuts never tear a write (by default one in two keeps a prefix of each file's last unsynced run of writes)")
-	raftLogFlag  = flag.String("chaos.raft-log", "", "--raft-log of the nodes (wal or bolt; default: the nodes' default)")
-	soakFlag     = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
-	tlsFlag      = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
+	seedFlag            = flag.Int64("chaos.seed", 1, "seed of the first TestChaos run (run i uses seed+i) and of TestSoak")
+	runsFlag            = flag.Int("chaos.runs", 2, "TestChaos: number of runs")
+	durationFlag        = flag.Duration("chaos.duration", 45*time.Second, "TestChaos: length of the fault phase of each run")
+	faultsFlag          = flag.Int("chaos.faults", 1000, "most faults per run")
+	keepFlag            = flag.String("chaos.keep", "", "directory where a failed run leaves its node logs, data directories, figures and client events")
+	kindsFlag           = flag.String("chaos.kinds", "", "comma-separated fault kinds to use (default: all but the power cuts for TestChaos, all for TestSoak): "+strings.Join(allKinds, ","))
+	snapFlag            = flag.Int("chaos.snapshot-threshold", 2048, "--snapshot-threshold of the nodes")
+	trailFlag           = flag.Int("chaos.trailing-logs", 0, "--trailing-logs of the nodes (0: half the snapshot threshold); a large value keeps more log for forensics: up to a quarter of the state or 64 MiB, whichever is larger")
+	noReplayFlag        = flag.Bool("chaos.no-replay", false, "no DLQ replays in the workload")
+	fileSyncEntriesFlag = flag.Bool("chaos.file-sync-entries", false, "power cuts: a file fsync also makes every earlier directory entry operation durable, as on ext4 (default: only a directory fsync does)")
+	noTornFlag          = flag.Bool("chaos.no-torn", false, "power cuts never tear a write (by default one in two keeps a prefix of each file's last unsynced run of writes)")
+	raftLogFlag         = flag.String("chaos.raft-log", "", "--raft-log of the nodes (wal or bolt; default: the nodes' default)")
+	soakFlag            = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
+	tlsFlag             = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
 )
 
 // configFor is the run configuration from the flags.
@@ -36,6 +37,7 @@ func configFor(t *testing.T, seed int64, d time.Duration) Config {
 	cfg.TrailingLogs = *trailFlag
 	cfg.NoReplay = *noReplayFlag
 	cfg.NoTorn = *noTornFlag
+	cfg.FileSyncEntries = *fileSyncEntriesFlag
 	cfg.RaftLog = *raftLogFlag
 	if *kindsFlag != "" {
 		for _, k := range strings.Split(*kindsFlag, ",") {

@@ -61,9 +61,10 @@ func usablePowerKinds(t *testing.T, kinds []string) []string {
 
 // mount serves n's data directory from a powerfs whose backing directory is
 // under t's temporary directory, unmounted at t's end.
-func (pm *powerMounts) mount(t *testing.T, n *tc.Node, seed int64) {
+func (pm *powerMounts) mount(t *testing.T, n *tc.Node, seed int64, fileSyncEntries bool) {
 	backing := filepath.Join(t.TempDir(), n.ID()+"-disk")
-	p, err := powerfs.Mount(backing, n.DataDir(), powerfs.Options{Seed: uint64(seed)<<8 | uint64(len(pm.fs))})
+	p, err := powerfs.Mount(backing, n.DataDir(), powerfs.Options{Seed: uint64(seed)<<8 | uint64(len(pm.fs)),
+		FileSyncCommitsEntries: fileSyncEntries})
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("CI is set and %v", err)

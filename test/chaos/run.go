@@ -36,6 +36,7 @@ type Config struct {
 	TrailingLogs      int      // --trailing-logs (0: half the threshold)
 	NoReplay          bool     // no DLQ replays in the workload
 	NoTorn            bool     // power cuts never tear a write (otherwise one in two does)
+	FileSyncEntries   bool     // a file fsync also makes earlier directory entries durable (ext4-like)
 	RaftLog           string   // --raft-log of the nodes ("": the default, wal)
 	Soak              bool     // a TestSoak run (for the reproduce line)
 	TLS               bool     // nodes with certificates: HTTPS, mutual TLS for raft and node-to-node HTTP
@@ -66,6 +67,9 @@ func Run(t *testing.T, cfg Config) *Figures {
 	}
 	if cfg.NoTorn {
 		extra += " -chaos.no-torn"
+	}
+	if cfg.FileSyncEntries {
+		extra += " -chaos.file-sync-entries"
 	}
 	if cfg.SnapshotThreshold != DefaultConfig(0, 0).SnapshotThreshold {
 		extra += fmt.Sprintf(" -chaos.snapshot-threshold %d", cfg.SnapshotThreshold)
@@ -147,7 +151,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 			nodes[n.ID()] = n
 			nodesMu.Unlock()
 			if withPower {
-				power.mount(t, n, cfg.Seed)
+				power.mount(t, n, cfg.Seed, cfg.FileSyncEntries)
 			}
 			args := []string{"--raft-advertise-addr", p.Addr()}
 			if cfg.RaftLog != "" {
