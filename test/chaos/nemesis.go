@@ -37,14 +37,16 @@ type Nemesis struct {
 	Notes  map[string]int // observations worth a figure (slow graceful stops)
 	paused map[*tc.Node]bool
 	kinds  []string
+	power  *powerMounts // the nodes' power-loss filesystems (power-cut kinds)
+	noTorn bool         // power cuts never tear a write
 }
 
-func newNemesis(t *testing.T, c *tc.Cluster, nw *Net, seed int64, kinds []string) *Nemesis {
+func newNemesis(t *testing.T, c *tc.Cluster, nw *Net, seed int64, kinds []string, power *powerMounts) *Nemesis {
 	if len(kinds) == 0 {
 		kinds = faultKinds
 	}
 	return &Nemesis{t: t, c: c, net: nw, rng: rand.New(rand.NewPCG(uint64(seed), 0x6e656d)),
-		start: time.Now(), Counts: map[string]int{}, Notes: map[string]int{}, paused: map[*tc.Node]bool{}, kinds: kinds}
+		start: time.Now(), Counts: map[string]int{}, Notes: map[string]int{}, paused: map[*tc.Node]bool{}, kinds: kinds, power: power}
 }
 
 func (nm *Nemesis) logf(format string, args ...any) {
@@ -59,11 +61,11 @@ func (nm *Nemesis) sleep(min, max time.Duration) { time.Sleep(nm.between(min, ma
 
 // Run injects faults until the deadline or maxFaults, each followed by its
 // recovery and a wait for the cluster to be ready again. The order is a
-// seeded permutation of every kind (so a long enough run sees each), then
-// seeded random picks. It returns an error if the cluster does not recover.
+// seeded permutation of every kind (so a long enough run sees each; power
+// cuts alternate with the other kinds), then seeded random picks. It
+// returns an error if the cluster does not recover.
 func (nm *Nemesis) Run(deadline time.Time, maxFaults int) error {
-	order := append([]string(nil), nm.kinds...)
-	nm.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	order := nm.order()
 	for i := 0; i < maxFaults && time.Now().Before(deadline); i++ {
 		kind := order[i%len(order)]
 		if i >= len(order) {
@@ -198,6 +200,8 @@ func (nm *Nemesis) inject(kind string) error {
 		nm.c.KillAll()
 		time.Sleep(hold)
 		nm.c.RestartAll()
+	case faultPowerLeader, faultPowerFollower, faultPowerMajority, faultPowerAll:
+		return nm.powerCut(kind, l, f)
 	default:
 		return fmt.Errorf("unknown fault %q", kind)
 	}

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/internal/powerfs"
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -29,10 +31,12 @@ type Config struct {
 	ProducerPause     time.Duration // mean pause between a producer's keys
 	DrainTimeout      time.Duration
 	Keep              string   // if set, a failed run copies node logs, data and figures here
-	Kinds             []string // fault kinds to draw from (nil: all)
+	Kinds             []string // fault kinds to draw from (nil: every kind but the power cuts)
 	SnapshotThreshold int      // --snapshot-threshold of the nodes
 	TrailingLogs      int      // --trailing-logs (0: half the threshold)
 	NoReplay          bool     // no DLQ replays in the workload
+	NoTorn            bool     // power cuts never tear a write (otherwise one in two does)
+	FileSyncEntries   bool     // a file fsync also makes earlier directory entries durable (ext4-like)
 	RaftLog           string   // --raft-log of the nodes ("": the default, wal)
 	Soak              bool     // a TestSoak run (for the reproduce line)
 	TLS               bool     // nodes with certificates: HTTPS, mutual TLS for raft and node-to-node HTTP
@@ -61,6 +65,12 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if cfg.NoReplay {
 		extra += " -chaos.no-replay"
 	}
+	if cfg.NoTorn {
+		extra += " -chaos.no-torn"
+	}
+	if cfg.FileSyncEntries {
+		extra += " -chaos.file-sync-entries"
+	}
 	if cfg.SnapshotThreshold != DefaultConfig(0, 0).SnapshotThreshold {
 		extra += fmt.Sprintf(" -chaos.snapshot-threshold %d", cfg.SnapshotThreshold)
 	}
@@ -80,6 +90,9 @@ func Run(t *testing.T, cfg Config) *Figures {
 		repro = fmt.Sprintf("go test ./test/chaos/ -run TestSoak -soak %v -chaos.seed %d%s -timeout %v -v", cfg.Duration, cfg.Seed, extra, cfg.Duration+20*time.Minute)
 	}
 	t.Logf("chaos run: seed %d, %v of faults, TLS %v (reproduce: %s)", cfg.Seed, cfg.Duration, cfg.TLS, repro)
+	cfg.Kinds = usablePowerKinds(t, cfg.Kinds)
+	power := &powerMounts{fs: map[string]*powerfs.FS{}}
+	withPower := slices.ContainsFunc(cfg.Kinds, isPower)
 	began := time.Now()
 
 	// Proxies first, so that their cleanup runs after the nodes are killed.
@@ -137,6 +150,9 @@ func Run(t *testing.T, cfg Config) *Figures {
 			nodesMu.Lock()
 			nodes[n.ID()] = n
 			nodesMu.Unlock()
+			if withPower {
+				power.mount(t, n, cfg.Seed, cfg.FileSyncEntries)
+			}
 			args := []string{"--raft-advertise-addr", p.Addr()}
 			if cfg.RaftLog != "" {
 				args = append(args, "--raft-log", cfg.RaftLog)
@@ -194,7 +210,8 @@ func Run(t *testing.T, cfg Config) *Figures {
 	t.Cleanup(stopAll) // on every way out (t.Fatal from a node control included)
 
 	// Faults.
-	nm := newNemesis(t, c, nw, cfg.Seed, cfg.Kinds)
+	nm := newNemesis(t, c, nw, cfg.Seed, cfg.Kinds, power)
+	nm.noTorn = cfg.NoTorn
 	if err := nm.Run(time.Now().Add(cfg.Duration), cfg.MaxFaults); err != nil {
 		t.Errorf("nemesis: %v", err)
 	}
