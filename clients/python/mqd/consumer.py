@@ -86,6 +86,9 @@ class Consumer:
         while not self._stop.is_set():
             if not slots.acquire(timeout=0.2):
                 continue
+            if self._stop.is_set():  # stopped while waiting for a free handler
+                slots.release()
+                break
             free = 1
             while free < self.max and slots.acquire(blocking=False):
                 free += 1

@@ -29,8 +29,10 @@ class MqdError(Exception):
         return self.status in (0, 429, 503)
 
     def __str__(self) -> str:
-        if self.status == 0:
+        if self.status == 0 and self.node:
             return f"{self.method} {self.path}: no answer from {self.node}: {self.message}"
+        if self.status == 0:
+            return self.message
         if self.code:
             return f"{self.message} ({self.code}, HTTP {self.status})"
         return f"{self.method} {self.path}: HTTP {self.status}: {self.message}"

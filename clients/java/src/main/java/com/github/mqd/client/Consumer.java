@@ -131,6 +131,10 @@ public final class Consumer implements AutoCloseable {
         try {
             while (!stopped.get() && !Thread.currentThread().isInterrupted()) {
                 if (!slots.tryAcquire(200, TimeUnit.MILLISECONDS)) continue;
+                if (stopped.get()) { // stopped while waiting for a free handler
+                    slots.release();
+                    break;
+                }
                 int free = 1;
                 while (free < o.max && slots.tryAcquire()) free++;
                 List<Message> msgs;
