@@ -67,6 +67,23 @@ public final class Driver {
                 out.put("duplicate", r.duplicate());
                 return out;
             }
+            case "publish_batch": {
+                List<Types.BatchMessage> batch = new ArrayList<>();
+                for (Object x : Json.list(st.get("messages"))) {
+                    Map<String, Object> m = Json.obj(x);
+                    batch.add(new Types.BatchMessage(Json.str(m, "value").getBytes(StandardCharsets.UTF_8), Json.str(m, "key"),
+                            Json.str(m, "partition_key"), 0, null, Json.strings(m.get("attrs"))));
+                }
+                List<Object> dups = new ArrayList<>();
+                List<Object> offs = new ArrayList<>();
+                for (Types.PublishResult r : c.publishBatch(topic, batch)) {
+                    dups.add(r.duplicate());
+                    offs.add(r.offset());
+                }
+                out.put("duplicates", dups);
+                out.put("offsets", offs);
+                return out;
+            }
             case "fetch": {
                 int max = st.get("max") == null ? 10 : (int) Json.num(st, "max");
                 List<Message> msgs = c.fetch(topic, group, max, Json.num(st, "wait_ms"), Json.num(st, "lease_ms"));

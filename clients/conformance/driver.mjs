@@ -17,6 +17,12 @@ async function run(c, st, state) {
       });
       return { partition: r.partition, offset: r.offset, duplicate: r.duplicate };
     }
+    case 'publish_batch': {
+      const rs = await c.publishBatch(st.topic, st.messages.map((m) => ({
+        value: m.value ?? '', key: m.key, partitionKey: m.partition_key, attrs: m.attrs,
+      })));
+      return { duplicates: rs.map((r) => r.duplicate), offsets: rs.map((r) => r.offset) };
+    }
     case 'fetch': {
       const msgs = await c.fetch(st.topic, st.group, { max: st.max, waitMs: st.wait_ms, leaseMs: st.lease_ms });
       state.receipts = msgs.map((m) => m.receipt);

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from mqd import Client, MqdError
+from mqd import BatchMessage, Client, MqdError
 
 
 def run(c, st, state):
@@ -15,6 +15,11 @@ def run(c, st, state):
         r = c.publish(st["topic"], st.get("value", ""), key=st.get("key"), partition_key=st.get("partition_key"),
                       delay_ms=st.get("delay_ms"), max_retry=st.get("max_retry"), attrs=st.get("attrs"))
         return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+    if op == "publish_batch":
+        rs = c.publish_batch(st["topic"], [BatchMessage(m.get("value", ""), key=m.get("key"),
+                                                        partition_key=m.get("partition_key"), attrs=m.get("attrs"))
+                                           for m in st["messages"]])
+        return {"duplicates": [r.duplicate for r in rs], "offsets": [r.offset for r in rs]}
     if op == "fetch":
         msgs = c.fetch(st["topic"], st["group"], max=st.get("max", 10), wait_ms=st.get("wait_ms", 0),
                        lease_ms=st.get("lease_ms"))

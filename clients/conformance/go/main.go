@@ -45,6 +45,14 @@ type step struct {
 	Message      string            `json:"message"`
 	SleepMs      int               `json:"sleep_ms"`
 	Count        int               `json:"count"`
+	Messages     []batchItem       `json:"messages"`
+}
+
+type batchItem struct {
+	Value        string            `json:"value"`
+	Key          string            `json:"key"`
+	PartitionKey string            `json:"partition_key"`
+	Attrs        map[string]string `json:"attrs"`
 }
 
 type driver struct {
@@ -97,6 +105,20 @@ func (d *driver) run(ctx context.Context, s step) (map[string]any, error) {
 			return nil, err
 		}
 		return map[string]any{"partition": r.Partition, "offset": r.Offset, "duplicate": r.Duplicate}, nil
+	case "publish_batch":
+		var batch []client.BatchMessage
+		for _, m := range s.Messages {
+			batch = append(batch, client.BatchMessage{Value: []byte(m.Value), IdempotencyKey: m.Key, PartitionKey: m.PartitionKey, Attrs: m.Attrs})
+		}
+		rs, err := d.c.PublishBatch(ctx, s.Topic, batch)
+		if err != nil {
+			return nil, err
+		}
+		dups, offs := []bool{}, []uint64{}
+		for _, r := range rs {
+			dups, offs = append(dups, r.Duplicate), append(offs, r.Offset)
+		}
+		return map[string]any{"duplicates": dups, "offsets": offs}, nil
 	case "fetch":
 		msgs, err := d.c.Fetch(ctx, s.Topic, s.Group, client.FetchOptions{Max: s.Max, Wait: ms(s.WaitMs), Lease: ms(s.LeaseMs)})
 		if err != nil {
