@@ -63,20 +63,7 @@ func TestClientConformance(t *testing.T) {
 			table[row] = map[string]string{}
 			for _, d := range drivers {
 				t.Run(cs.Name+"/"+d.lang+map[bool]string{true: "/broken"}[broken], func(t *testing.T) {
-					problems := s.run(t, cs, d, broken)
-					switch {
-					case !broken && len(problems) == 0:
-						table[row][d.lang] = "pass"
-					case !broken:
-						table[row][d.lang] = "FAIL"
-						t.Errorf("%s with the %s client:\n  %s", cs.Name, d.lang, strings.Join(problems, "\n  "))
-					case len(problems) > 0:
-						table[row][d.lang] = "caught"
-						t.Logf("%s broken, as expected:\n  %s", cs.BrokenBy, strings.Join(problems, "\n  "))
-					default:
-						table[row][d.lang] = "MISSED"
-						t.Errorf("%s passed with %s broken in the %s client: the case cannot catch it", cs.Name, cs.BrokenBy, d.lang)
-					}
+					table[row][d.lang] = verdict(t, cs, d.lang, broken, s.run(t, cs, d, broken))
 				})
 			}
 		}
@@ -88,6 +75,23 @@ func TestClientConformance(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// verdict turns a case's problems into its table cell, failing t when the
+// case failed, or passed with its rule broken.
+func verdict(t *testing.T, cs conformanceCase, lang string, broken bool, problems []string) string {
+	switch {
+	case !broken && len(problems) == 0:
+		return "pass"
+	case !broken:
+		t.Errorf("%s with the %s client:\n  %s", cs.Name, lang, strings.Join(problems, "\n  "))
+		return "FAIL"
+	case len(problems) > 0:
+		t.Logf("%s broken, as expected:\n  %s", cs.BrokenBy, strings.Join(problems, "\n  "))
+		return "caught"
+	}
+	t.Errorf("%s passed with %s broken in the %s client: the case cannot catch it", cs.Name, cs.BrokenBy, lang)
+	return "MISSED"
 }
 
 type conformanceCase struct {

@@ -132,49 +132,60 @@ func (d *driver) run(ctx context.Context, s step) (map[string]any, error) {
 		}
 		return map[string]any{"keys": keys, "retry_counts": counts}, nil
 	case "ack", "nack", "extend":
-		var res []client.ReceiptResult
-		var err error
-		switch s.Op {
-		case "ack":
-			res, err = d.c.Ack(ctx, s.Topic, s.Group, d.receipts...)
-		case "nack":
-			res, err = d.c.Nack(ctx, s.Topic, s.Group, client.NackOptions{Reason: s.Message}, d.receipts...)
-		default:
-			res, err = d.c.Extend(ctx, s.Topic, s.Group, ms(s.LeaseMs), d.receipts...)
-		}
-		if err != nil {
-			return nil, err
-		}
-		st := []string{}
-		for _, r := range res {
-			st = append(st, r.Status)
-		}
-		return map[string]any{"statuses": st}, nil
+		return d.settle(ctx, s)
 	case "sleep":
 		time.Sleep(ms(s.Ms))
 		return map[string]any{}, nil
 	case "consume":
 		return d.consume(ctx, s)
-	case "dlq_list":
-		p, err := d.c.DeadLetters(ctx, s.Topic, s.Group, client.DLQOptions{})
-		if err != nil {
-			return nil, err
-		}
-		keys, reasons := []string{}, []string{}
-		d.dlqIDs = nil
-		for _, l := range p.DeadLetters {
-			keys, reasons = append(keys, l.IdempotencyKey), append(reasons, l.RejectReason)
-			d.dlqIDs = append(d.dlqIDs, l.ID)
-		}
-		return map[string]any{"keys": keys, "reasons": reasons}, nil
-	case "dlq_replay":
+	case "dlq_list", "dlq_replay":
+		return d.deadLetters(ctx, s)
+	}
+	return nil, fmt.Errorf("conformance-go: unknown op %q", s.Op)
+}
+
+// settle acks, nacks or extends the receipts of the last fetch.
+func (d *driver) settle(ctx context.Context, s step) (map[string]any, error) {
+	var res []client.ReceiptResult
+	var err error
+	switch s.Op {
+	case "ack":
+		res, err = d.c.Ack(ctx, s.Topic, s.Group, d.receipts...)
+	case "nack":
+		res, err = d.c.Nack(ctx, s.Topic, s.Group, client.NackOptions{Reason: s.Message}, d.receipts...)
+	default:
+		res, err = d.c.Extend(ctx, s.Topic, s.Group, ms(s.LeaseMs), d.receipts...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := []string{}
+	for _, r := range res {
+		st = append(st, r.Status)
+	}
+	return map[string]any{"statuses": st}, nil
+}
+
+// deadLetters lists the group's dead letters (keeping their ids) or replays them.
+func (d *driver) deadLetters(ctx context.Context, s step) (map[string]any, error) {
+	if s.Op == "dlq_replay" {
 		r, err := d.c.Replay(ctx, s.Topic, s.Group, d.dlqIDs, 0)
 		if err != nil {
 			return nil, err
 		}
 		return map[string]any{"accepted": r.Accepted}, nil
 	}
-	return nil, fmt.Errorf("conformance-go: unknown op %q", s.Op)
+	p, err := d.c.DeadLetters(ctx, s.Topic, s.Group, client.DLQOptions{})
+	if err != nil {
+		return nil, err
+	}
+	keys, reasons := []string{}, []string{}
+	d.dlqIDs = nil
+	for _, l := range p.DeadLetters {
+		keys, reasons = append(keys, l.IdempotencyKey), append(reasons, l.RejectReason)
+		d.dlqIDs = append(d.dlqIDs, l.ID)
+	}
+	return map[string]any{"keys": keys, "reasons": reasons}, nil
 }
 
 // consume runs the consumer loop until the handler has run s.Count times.
