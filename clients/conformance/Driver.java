@@ -30,6 +30,9 @@ public final class Driver {
         o.servers(servers);
         if (Json.num(co, "timeout_ms") > 0) o.timeout(Duration.ofMillis(Json.num(co, "timeout_ms")));
         if (Json.num(co, "max_attempts") > 0) o.maxAttempts((int) Json.num(co, "max_attempts"));
+        if (Json.num(co, "deadline_ms") > 0) o.deadline(Duration.ofMillis(Json.num(co, "deadline_ms")));
+        o.token(Json.str(co, "token"));
+        if (!Json.str(co, "ca_file").isEmpty()) o.caFile(java.nio.file.Path.of(Json.str(co, "ca_file")));
         Driver d = new Driver();
         try (Client c = new Client(o)) {
             for (Object x : Json.list(spec.get("steps"))) {

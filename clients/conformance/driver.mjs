@@ -73,7 +73,10 @@ async function consume(c, st) {
 
 const spec = await readStdin();
 const o = spec.client || {};
-const c = new Client({ servers: spec.servers, timeoutMs: o.timeout_ms, maxAttempts: o.max_attempts });
+const c = new Client({
+  servers: spec.servers, timeoutMs: o.timeout_ms, maxAttempts: o.max_attempts, deadlineMs: o.deadline_ms,
+  token: o.token, caFile: o.ca_file,
+});
 const state = {};
 for (const st of spec.steps) {
   let line;

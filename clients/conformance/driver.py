@@ -79,6 +79,9 @@ def main():
         kw["timeout"] = opts["timeout_ms"] / 1000.0
     if opts.get("max_attempts"):
         kw["max_attempts"] = opts["max_attempts"]
+    if opts.get("deadline_ms"):
+        kw["deadline"] = opts["deadline_ms"] / 1000.0
+    kw["token"], kw["ca_file"] = opts.get("token"), opts.get("ca_file")
     state = {}
     with Client(spec["servers"], **kw) as c:
         for st in spec["steps"]:

@@ -21,8 +21,11 @@ import (
 type input struct {
 	Servers []string `json:"servers"`
 	Client  struct {
-		TimeoutMs   int `json:"timeout_ms"`
-		MaxAttempts int `json:"max_attempts"`
+		TimeoutMs   int    `json:"timeout_ms"`
+		MaxAttempts int    `json:"max_attempts"`
+		DeadlineMs  int    `json:"deadline_ms"`
+		Token       string `json:"token"`
+		CAFile      string `json:"ca_file"`
 	} `json:"client"`
 	Steps []step `json:"steps"`
 }
@@ -67,7 +70,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "conformance-go: reading the case:", err)
 		os.Exit(2)
 	}
-	c, err := client.New(client.Config{Servers: in.Servers, Timeout: ms(in.Client.TimeoutMs), MaxAttempts: in.Client.MaxAttempts})
+	c, err := client.New(client.Config{Servers: in.Servers, Timeout: ms(in.Client.TimeoutMs), MaxAttempts: in.Client.MaxAttempts,
+		Token: in.Client.Token, TLSCAFile: in.Client.CAFile})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance-go:", err)
 		os.Exit(2)
@@ -76,7 +80,12 @@ func main() {
 	out := bufio.NewWriter(os.Stdout)
 	enc := json.NewEncoder(out)
 	for _, s := range in.Steps {
-		v, err := d.run(context.Background(), s)
+		ctx, cancel := context.WithCancel(context.Background())
+		if in.Client.DeadlineMs > 0 { // the Go client's deadline is its context's
+			ctx, cancel = context.WithTimeout(ctx, ms(in.Client.DeadlineMs))
+		}
+		v, err := d.run(ctx, s)
+		cancel()
 		line := map[string]any{"ok": err == nil, "value": v}
 		if err != nil {
 			line["error"] = describe(err)
