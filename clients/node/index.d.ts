@@ -1,3 +1,4 @@
+/// <reference types="node" />
 // Type declarations of the mqd Node.js client (index.js).
 
 export const DEFAULT_SERVER: string;
