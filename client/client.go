@@ -198,7 +198,15 @@ func (c *Client) do(ctx context.Context, r *request) (*Response, error) {
 			return nil, last
 		}
 		// Move on to the next node, unless another request already did.
-		c.cur.CompareAndSwap(idx, (idx+1)%uint32(len(c.nodes)))
+		if !broken(breakNoFailover) {
+			c.cur.CompareAndSwap(idx, (idx+1)%uint32(len(c.nodes)))
+		}
+		if broken(breakIgnoreRetryAfter) {
+			wait = 0
+		}
+		if broken(breakNewKey) && r.header.Get("Idempotency-Key") != "" {
+			r.header.Set("Idempotency-Key", fmt.Sprintf("%s-retry%d", r.header.Get("Idempotency-Key"), attempt))
+		}
 		wait = max(wait, backoff)
 		backoff = min(2*backoff, maxRetryBackoff)
 		t := time.NewTimer(wait)
@@ -214,6 +222,9 @@ func (c *Client) do(ctx context.Context, r *request) (*Response, error) {
 // retryable says whether err may be retried under p, and how long the
 // broker asked to wait.
 func (c *Client) retryable(err error, p retryPolicy) (time.Duration, bool) {
+	if broken(breakNoRetry) {
+		return 0, false
+	}
 	var te *TransportError
 	if errors.As(err, &te) {
 		return 0, p == retrySafe || !te.Sent
@@ -222,12 +233,19 @@ func (c *Client) retryable(err error, p retryPolicy) (time.Duration, bool) {
 	if errors.As(err, &e) && e.Retryable() && p == retrySafe {
 		return min(e.RetryAfter, maxRetryBackoff), true
 	}
+	if e != nil && broken(breakRetry4xx) && e.Status < 500 {
+		return 0, true
+	}
 	return 0, false
 }
 
 // once sends r to node and reads the answer.
 func (c *Client) once(ctx context.Context, node string, r *request) (*Response, error) {
-	actx, cancel := context.WithTimeout(ctx, c.timeout+r.extra)
+	extra := r.extra
+	if broken(breakTimeoutNoWait) {
+		extra = 0
+	}
+	actx, cancel := context.WithTimeout(ctx, c.timeout+extra)
 	defer cancel()
 	u := node + r.path
 	if len(r.query) > 0 {

@@ -125,5 +125,12 @@ func (c *Client) receipts(ctx context.Context, topic, group, op string, body map
 	if _, err := c.call(ctx, http.MethodPost, groupPath(topic, group)+"/"+op, body, &out, retrySafe, 0); err != nil {
 		return nil, err
 	}
+	if broken(breakHideStale) {
+		for i := range out.Results {
+			if out.Results[i].Status == StatusStale {
+				out.Results[i].Status = StatusOK
+			}
+		}
+	}
 	return out.Results, nil
 }

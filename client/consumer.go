@@ -130,7 +130,11 @@ func (c *Client) handle(ctx context.Context, topic, group string, m *Message, h 
 	if herr == nil {
 		res, err = c.Ack(sctx, topic, group, m.Receipt)
 	} else {
-		res, err = c.Nack(sctx, topic, group, NackOptions{Reason: herr.Error(), NotRetryable: errors.Is(herr, ErrRejected)}, m.Receipt)
+		reason := herr.Error()
+		if broken(breakNackNoReason) {
+			reason = ""
+		}
+		res, err = c.Nack(sctx, topic, group, NackOptions{Reason: reason, NotRetryable: errors.Is(herr, ErrRejected)}, m.Receipt)
 	}
 	switch {
 	case err != nil:
@@ -144,6 +148,9 @@ func (c *Client) handle(ctx context.Context, topic, group string, m *Message, h 
 // a lease found lost cancels the handler's context with ErrLeaseLost.
 func (c *Client) keepLease(ctx context.Context, stop <-chan struct{}, topic, group, receipt string, lease time.Duration,
 	cancel context.CancelCauseFunc, report func(error)) {
+	if broken(breakNoExtend) {
+		return
+	}
 	t := time.NewTicker(max(lease/3, time.Millisecond))
 	defer t.Stop()
 	for {
@@ -156,6 +163,9 @@ func (c *Client) keepLease(ctx context.Context, stop <-chan struct{}, topic, gro
 		}
 		res, err := c.Extend(ctx, topic, group, lease, receipt)
 		if err != nil {
+			if ctx.Err() != nil {
+				return // stopping: not a failure to report
+			}
 			report(fmt.Errorf("extending lease: %w", err))
 			continue
 		}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -56,6 +57,9 @@ func (c *Client) Publish(ctx context.Context, topic string, value []byte, o Publ
 		h.Set("Mq-Producer-Seq", strconv.FormatUint(o.ProducerSeq, 10))
 		p = retrySafe
 	}
+	if p == retryUnsent && broken(breakRetryUnkeyed) {
+		p = retrySafe
+	}
 	if o.PartitionKey != "" {
 		h.Set("Mq-Partition-Key", o.PartitionKey)
 	}
@@ -82,4 +86,52 @@ func (c *Client) Publish(ctx context.Context, topic string, value []byte, o Publ
 	}
 	r.Raw = resp.Body
 	return &r, nil
+}
+
+// BatchMessage is one message of PublishBatch. Value is sent as value_b64.
+type BatchMessage struct {
+	Value          []byte
+	IdempotencyKey string
+	PartitionKey   string
+	Delay          time.Duration
+	MaxRetry       *int // nil or < 0: the topic's
+	Attrs          map[string]string
+}
+
+// PublishBatch stores msgs in topic as one all-or-nothing write and returns
+// their places in request order. It is retried like Publish: after a lost
+// answer or a 503 only when every message has an idempotency key (each is
+// deduplicated on its own), otherwise only when it was never sent.
+func (c *Client) PublishBatch(ctx context.Context, topic string, msgs []BatchMessage) ([]PublishResult, error) {
+	p := retrySafe
+	items := make([]map[string]any, len(msgs))
+	for i, m := range msgs {
+		it := map[string]any{"value_b64": base64.StdEncoding.EncodeToString(m.Value)}
+		if m.IdempotencyKey != "" {
+			it["idempotency_key"] = m.IdempotencyKey
+		} else {
+			p = retryUnsent
+		}
+		if m.PartitionKey != "" {
+			it["partition_key"] = m.PartitionKey
+		}
+		if m.Delay > 0 {
+			it["delay_ms"] = m.Delay.Milliseconds()
+		}
+		if m.MaxRetry != nil && *m.MaxRetry >= 0 {
+			it["max_retry"] = *m.MaxRetry
+		}
+		if len(m.Attrs) > 0 {
+			it["attrs"] = m.Attrs
+		}
+		items[i] = it
+	}
+	var out struct {
+		Results []PublishResult `json:"results"`
+	}
+	if _, err := c.call(ctx, http.MethodPost, "/v1/topics/"+esc(topic)+"/messages:batch",
+		map[string]any{"messages": items}, &out, p, 0); err != nil {
+		return nil, err
+	}
+	return out.Results, nil
 }
