@@ -9,8 +9,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -118,9 +120,25 @@ type FSM struct {
 	Tally     func(map[TopicGroup]*group.Tally)
 	TallyFrom atomic.Uint64
 
-	mu      sync.RWMutex // guards db against Restore's swap
-	db      *bolt.DB
-	applied atomic.Uint64
+	mu sync.RWMutex // guards db against Restore's swap
+	db *bolt.DB
+	// state is fsm.db.state (fsmstate.go); pin is the read transaction
+	// that keeps the checkpoint's tree whole on disk, ckpt the checkpoint
+	// (checkpoint.go). Used on the applying goroutine, or with mu held.
+	state         *stateFile
+	pin           *bolt.Tx
+	ckpt          *checkpoint
+	ckptOffLogged bool
+	ckMu          sync.Mutex // guards state, pin, ckpt
+	ckStop        chan struct{}
+	ckDone        chan struct{}
+	ckStopOnce    sync.Once
+	size          atomic.Int64 // bbolt's high-water mark in bytes, after the last commit
+	// Recovery decisions, counted by onRecovery (damage.go).
+	recMu      sync.Mutex
+	onRecovery func(reason string)
+	pendingRec []string
+	applied    atomic.Uint64
 	// opened is the applied index found at open: raft replays entries from
 	// its last snapshot on, and those up to here are already in the file.
 	opened uint64
@@ -193,9 +211,12 @@ var boltOpts = &bolt.Options{
 	// The free list is written with the commit while it is small, so that
 	// opening the file reads it instead of walking every page (about a
 	// second per GiB, many more on a busy machine); see syncFreelistIfSmall.
-	NoFreelistSync:  false,
-	FreelistType:    bolt.FreelistMapType,
-	InitialMmapSize: 1 << 30,
+	NoFreelistSync: false,
+	FreelistType:   bolt.FreelistMapType,
+	// Address space, not memory: a large map keeps bbolt from remapping
+	// (which would wait for the checkpoint's read transaction for ever;
+	// see pinMaxBytes in checkpoint.go).
+	InitialMmapSize: fsmMmapSize,
 	// 8 KiB pages, set when the file is created (an existing file keeps
 	// its own). Message leaves split full, so a page holds as many whole
 	// messages as fit: 1 KiB messages fill 4 KiB pages three to a page
@@ -226,50 +247,191 @@ func (f *FSM) syncFreelistIfSmall() {
 	f.db.NoFreelistSync = st.FreePageN+st.PendingPageN > freelistSyncMax
 }
 
-// OpenFSM opens the state machine at path as it is, if it can be trusted
-// (fsmstate.go); otherwise it starts empty, and raft restores the latest
-// snapshot and replays the log into it.
+// OpenFSM opens the state machine at path: as it was after a clean close,
+// at its last checkpoint after any other stop (checkpoint.go), or, when
+// neither can be trusted or the file fails its checks (damage.go), set
+// aside and started empty, so that raft restores the latest snapshot and
+// replays the log into it.
 func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
-	trusted, why, err := fsmTrusted(path)
+	f := &FSM{path: path, logger: logger}
+	st, stErr := readFSMState(path)
+	plan := planOpen(path, st, stErr)
+	if stErr != nil {
+		st = nil
+	}
+	sf, err := openStateFile(path, st)
 	if err != nil {
 		return nil, err
 	}
-	if !trusted {
-		for _, p := range []string{path, path + ".restore"} {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("remove untrusted fsm: %w", err)
-			}
+	f.state = sf
+	start := time.Now()
+	if plan.use {
+		if err := f.openPlanned(&plan); err != nil {
+			sf.close()
+			return nil, err
 		}
 	}
-	// Durably "open" before the first write: a power loss from here on
-	// must find the file untrusted.
-	if err := writeFSMState(path, stateOpenPfx+bootID()); err != nil {
-		return nil, fmt.Errorf("fsm state: %w", err)
+	if !plan.use {
+		if err := f.startEmpty(plan); err != nil {
+			sf.close()
+			return nil, err
+		}
 	}
-	f := &FSM{path: path, logger: logger}
-	start := time.Now()
-	db, err := openDB(path)
-	if err != nil {
-		return nil, err
-	}
-	f.db = db
 	if err := f.loadFormat(); err != nil {
-		db.Close()
+		f.db.Close()
+		sf.close()
 		return nil, err
 	}
 	index, term := f.storedApplied()
+	if plan.restore != nil && index != plan.restore.index {
+		// The tree at the checkpoint's transaction holds another index:
+		// not the tree that was synced.
+		f.db.Close()
+		plan = openPlan{reason: "checkpoint_mismatch", why: fmt.Sprintf(
+			"its checkpoint says applied index %d, the tree there holds %d", plan.restore.index, index)}
+		if err := f.startEmpty(plan); err != nil {
+			sf.close()
+			return nil, err
+		}
+		index, term = f.storedApplied()
+	}
 	f.applied.Store(index)
 	f.opened = index
-	if trusted {
-		// Opening takes about a second per GiB of fsm.db: bbolt walks every
-		// page to rebuild its free list, which it does not write at each
-		// commit (NoFreelistSync; see boltOpts).
-		logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", why,
-			"took", time.Since(start).Round(time.Millisecond))
-	} else {
-		logger.Info("state machine starts empty: it is rebuilt from the latest snapshot and the raft log", "why", why)
+	if err := f.takeCheckpoint(false); err != nil {
+		f.db.Close()
+		sf.close()
+		return nil, err
 	}
+	if plan.use {
+		f.logOpened(plan, index, term, time.Since(start))
+	}
+	f.startCheckpoints()
 	return f, nil
+}
+
+// openPlan is what OpenFSM does with the file it finds.
+type openPlan struct {
+	use     bool        // open the file; otherwise set it aside and start empty
+	restore *checkpoint // first write this checkpoint's meta page back
+	want    []byte      // the meta page the file must be at (a clean close's)
+	valid   *checkpoint // the checkpoint that holds while it is opened
+	reason  string      // !use: the recovery's metric label ("" for a new node)
+	why     string
+	checked bool // the page tree check ran (not cut short by size)
+}
+
+// planOpen decides from the state file how to open the fsm.db at path.
+func planOpen(path string, st *fsmState, stErr error) openPlan {
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		if st != nil && st.ckpt != nil {
+			return openPlan{reason: "missing", why: "fsm.db is missing although fsm.db.state records it"}
+		}
+		return openPlan{why: "no fsm.db yet"}
+	}
+	switch {
+	case stErr != nil:
+		return openPlan{reason: "state_unreadable", why: stErr.Error()}
+	case st == nil:
+		return openPlan{reason: "no_state", why: "no record of how it was closed (no fsm.db.state)"}
+	case st.legacy == "clean":
+		return openPlan{use: true, why: "closed cleanly (recorded by an older mqd)"}
+	case st.legacy != "":
+		return openPlan{reason: "unclean_no_checkpoint", why: "open when mqd stopped, recorded by an older mqd without checkpoints"}
+	case st.clean && st.ckpt != nil:
+		return openPlan{use: true, want: st.ckpt.meta[:], valid: st.ckpt, why: "closed cleanly"}
+	case st.ckpt != nil:
+		return openPlan{use: true, restore: st.ckpt, valid: st.ckpt,
+			why: "not closed cleanly (process killed, power loss or kernel crash): opened at its last checkpoint"}
+	default:
+		return openPlan{reason: "unclean_no_checkpoint", why: "not closed cleanly, and no checkpoint recorded"}
+	}
+}
+
+// openPlanned opens the file as plan says. A damaged file turns plan into
+// one that sets it aside; other errors are returned.
+func (f *FSM) openPlanned(plan *openPlan) error {
+	if plan.restore != nil {
+		if err := putCheckpointMeta(f.path, plan.restore); err != nil {
+			return plan.damaged(err)
+		}
+	}
+	if _, err := preCheck(f.path, plan.want); err != nil {
+		return plan.damaged(err)
+	}
+	// Durably "open", with the checkpoint that holds for this file, before
+	// bbolt writes to it.
+	if err := f.state.write(false, plan.valid); err != nil {
+		return err
+	}
+	db, checked, err := openChecked(f.path)
+	if err != nil {
+		return plan.damaged(err)
+	}
+	f.db, plan.checked = db, checked
+	return nil
+}
+
+// damaged turns plan into one that sets the file aside, for a *damage;
+// it returns any other error.
+func (p *openPlan) damaged(err error) error {
+	var d *damage
+	if !errors.As(err, &d) {
+		return err
+	}
+	*p = openPlan{reason: d.reason, why: "damaged: " + d.detail}
+	return nil
+}
+
+// startEmpty sets the file aside (if any), logs why and starts empty.
+func (f *FSM) startEmpty(plan openPlan) error {
+	aside, err := setAside(f.path)
+	if err != nil {
+		return err
+	}
+	if err := f.state.write(false, nil); err != nil {
+		return err
+	}
+	if err := f.openFresh(); err != nil {
+		return err
+	}
+	if plan.reason == "" {
+		f.logger.Info("state machine starts empty", "why", plan.why)
+		return nil
+	}
+	f.logger.Error("fsm.db not used: "+plan.why+"; it was set aside and the state starts empty, rebuilt from the latest snapshot "+
+		"and the raft log (or the leader's snapshot)", "reason", plan.reason, "set_aside_as", aside)
+	f.recordRecovery(plan.reason)
+	return nil
+}
+
+// openFresh opens a new, empty fsm.db at f.path.
+func (f *FSM) openFresh() error {
+	db, err := openDB(f.path)
+	if err != nil {
+		return err
+	}
+	f.db = db
+	f.applied.Store(0)
+	f.opened = 0
+	return nil
+}
+
+func (f *FSM) logOpened(plan openPlan, index, term uint64, took time.Duration) {
+	tree := "checked"
+	if !plan.checked {
+		tree = fmt.Sprintf("not checked: the file is above %d MiB (meta pages and length checked)", fsmCheckMaxBytes>>20)
+	}
+	if plan.restore != nil {
+		f.logger.Warn("state machine opened at its last checkpoint: fsm.db was "+plan.why[:strings.Index(plan.why, ":")]+
+			"; raft replays the log after it", "applied_index", index, "applied_term", term, "tree_check", tree,
+			"took", took.Round(time.Millisecond))
+		f.recordRecovery("unclean_stop")
+		return
+	}
+	// Opening takes about a second per GiB of fsm.db when bbolt walks every
+	// page to rebuild a free list it did not write (see boltOpts).
+	f.logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", plan.why,
+		"tree_check", tree, "took", took.Round(time.Millisecond))
 }
 
 // loadFormat reads the state's format into f.format; a state in a format
@@ -339,6 +501,11 @@ func openDB(path string) (*bolt.DB, error) {
 		}
 		return group.Init(tx)
 	})
+	if err != nil && errors.Is(err, syscall.ENOSPC) && initialized(db) {
+		// A full disk: the commit (of nothing new) could not grow the
+		// file; what it would have created is there already.
+		err = nil
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init fsm db: %w", err)
@@ -346,26 +513,44 @@ func openDB(path string) (*bolt.DB, error) {
 	return db, nil
 }
 
-// Close fsyncs and closes the database and records the clean close.
+// initialized reports whether db holds an applied index (openDB ran on it
+// before).
+func initialized(db *bolt.DB) bool {
+	ok := false
+	_ = db.View(func(tx *bolt.Tx) error {
+		ok = tx.Bucket(bktMeta) != nil && tx.Bucket(bktNodes) != nil && len(tx.Bucket(bktMeta).Get(keyApplied)) == 8
+		return nil
+	})
+	return ok
+}
+
+// Close fsyncs and closes the database and records the clean close, with
+// the last commit's meta page (checkpoint.go).
 func (f *FSM) Close() error {
+	f.stopCheckpoints()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.state.close()
 	// The last commit writes the free list whatever its size, so that
 	// the next open reads it instead of walking every page of the file
-	// (commits skip a large one: syncFreelistIfSmall).
+	// (commits skip a large one: syncFreelistIfSmall). On a full disk it
+	// may not fit: the next open walks the file then.
 	f.db.NoFreelistSync = false
-	if err := f.db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+	if err := f.db.Update(func(*bolt.Tx) error { return nil }); err != nil && !errors.Is(err, syscall.ENOSPC) {
+		f.ckMu.Lock()
+		f.releasePin()
+		f.ckMu.Unlock()
 		f.db.Close()
 		return fmt.Errorf("close fsm: write free list: %w", err)
 	}
-	if err := f.db.Sync(); err != nil {
-		f.db.Close()
-		return fmt.Errorf("close fsm: sync: %w", err)
+	err := f.takeCheckpoint(true) // fsyncs fsm.db, then records it clean
+	f.ckMu.Lock()
+	f.releasePin()
+	f.ckMu.Unlock()
+	if cerr := f.db.Close(); err == nil && cerr != nil {
+		err = cerr
 	}
-	if err := f.db.Close(); err != nil {
-		return fmt.Errorf("close fsm: %w", err)
-	}
-	if err := writeFSMState(f.path, stateClean); err != nil {
+	if err != nil {
 		return fmt.Errorf("close fsm: %w", err)
 	}
 	return nil
@@ -406,6 +591,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		leaseMsgs: f.leaseWaiters.Load() > 0}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	f.guardPin()
 	err := f.db.Update(func(tx *bolt.Tx) error {
 		f.now = 0
 		if v := tx.Bucket(bktMeta).Get(keyNow); len(v) == 8 {
@@ -431,6 +617,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if err := m.Put(keyApplied, mlog.U64Key(last.Index)); err != nil {
 			return err
 		}
+		f.size.Store(tx.Size())
 		return m.Put(keyTerm, mlog.U64Key(last.Term))
 	})
 	if err != nil {
@@ -568,6 +755,12 @@ func (f *FSM) nodeAddrs() map[string]NodeInfo {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
 	f.mu.RLock()
+	// The snapshot's index becomes a checkpoint: after an unclean stop,
+	// raft replays from the latest snapshot, which fsm.db then covers.
+	if err := f.takeCheckpoint(false); err != nil {
+		f.logger.Warn("fsm.db checkpoint failed: after a stop other than a clean one, the state is rebuilt from the previous checkpoint or snapshot",
+			"err", err)
+	}
 	tx, err := f.db.Begin(false)
 	f.mu.RUnlock()
 	if err != nil {
@@ -613,6 +806,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// The checkpoint is of the old file: durably none until the new one's.
+	if err := f.dropCheckpoint(); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("restore: close old db: %w", err)
 	}
@@ -627,6 +824,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.db = db
+	if err := f.takeCheckpoint(false); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.nodesGen.Add(1)
