@@ -123,9 +123,35 @@ var fsmMmapSize = func() int {
 // checkpointEvery is how often the checkpoint moves to the last commit
 // while batches are applied. Pages that commits free while a checkpoint
 // holds its tree are reused only after the next one (bbolt keeps every
-// page an open read transaction might see), so this bounds the space they
-// take to about a second of the write rate's page churn.
-var checkpointEvery = time.Second
+// page an open read transaction might see, and does not track which
+// pages it allocated at the end of the file); this, and a checkpoint as
+// soon as ckptPendingMax pages wait, bound the space they take.
+var checkpointEvery = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(TestCheckpointIntervalEnv)); err == nil && d > 0 {
+		return d
+	}
+	return time.Second
+}()
+
+// TestCheckpointIntervalEnv sets checkpointEvery, for tests only: a test
+// that damages fsm.db sets it long, so that the checkpoint stays where the
+// node opened. Never set it in production (a long interval keeps more
+// freed pages from reuse).
+const TestCheckpointIntervalEnv = "MQD_TEST_CHECKPOINT_INTERVAL"
+
+// ckptPendingMax is how many freed pages may wait for the checkpoint to
+// move before the applying goroutine asks for one at once (2 MiB of 8 KiB
+// pages): at a high write rate a second's churn would be far more.
+const ckptPendingMax = 256
+
+// kickCheckpoint asks checkpointLoop for a checkpoint now, if it is not
+// already asked.
+func (f *FSM) kickCheckpoint() {
+	select {
+	case f.ckKick <- struct{}{}:
+	default:
+	}
+}
 
 // takeCheckpoint records the last commit as the checkpoint (clean: and
 // fsm.db is being closed). The caller holds f.mu (read or write); batches
@@ -190,6 +216,7 @@ func (f *FSM) checkpointLoop(stop <-chan struct{}, done chan<- struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
+		case <-f.ckKick:
 		}
 		f.ckMu.Lock()
 		moved := (f.ckpt == nil || f.ckpt.index != f.applied.Load()) && !f.ckptOffLogged
@@ -210,6 +237,9 @@ func (f *FSM) checkpointLoop(stop <-chan struct{}, done chan<- struct{}) {
 // startCheckpoints starts checkpointLoop; stopCheckpoints ends it.
 func (f *FSM) startCheckpoints() {
 	f.ckStop, f.ckDone = make(chan struct{}), make(chan struct{})
+	if f.ckKick == nil {
+		f.ckKick = make(chan struct{}, 1)
+	}
 	go f.checkpointLoop(f.ckStop, f.ckDone)
 }
 

@@ -69,14 +69,19 @@ func openChecked(path string) (db *bolt.DB, checked bool, err error) {
 			db, err = nil, &damage{reason: "bbolt_panic", detail: fmt.Sprint(r)}
 		}
 	}()
-	db, err = openDB(path)
+	db, err = bolt.Open(path, 0o600, boltOpts)
 	if err != nil {
 		return nil, false, &damage{reason: "open_failed", detail: err.Error()}
 	}
+	// Checked before anything is written to it.
 	checked, err = checkTree(db)
 	if err != nil {
 		closeQuietly(db)
 		return nil, false, err
+	}
+	if err := initDB(db); err != nil {
+		db = nil
+		return nil, false, &damage{reason: "open_failed", detail: err.Error()}
 	}
 	return db, checked, nil
 }

@@ -133,6 +133,7 @@ type FSM struct {
 	ckStop        chan struct{}
 	ckDone        chan struct{}
 	ckStopOnce    sync.Once
+	ckKick        chan struct{} // asks checkpointLoop for a checkpoint now
 	size          atomic.Int64 // bbolt's high-water mark in bytes, after the last commit
 	// Recovery decisions, counted by onRecovery (damage.go).
 	recMu      sync.Mutex
@@ -245,6 +246,9 @@ const freelistSyncMax = 1024
 func (f *FSM) syncFreelistIfSmall() {
 	st := f.db.Stats()
 	f.db.NoFreelistSync = st.FreePageN+st.PendingPageN > freelistSyncMax
+	if st.PendingPageN > ckptPendingMax {
+		f.kickCheckpoint() // pages wait for the checkpoint to move (checkpoint.go)
+	}
 }
 
 // OpenFSM opens the state machine at path: as it was after a clean close,
@@ -487,7 +491,12 @@ func openDB(path string) (*bolt.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open fsm db: %w", err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	return db, initDB(db)
+}
+
+// initDB creates the buckets a new file lacks; it closes db on failure.
+func initDB(db *bolt.DB) error {
+	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bktMeta, bktNodes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -508,9 +517,9 @@ func openDB(path string) (*bolt.DB, error) {
 	}
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init fsm db: %w", err)
+		return fmt.Errorf("init fsm db: %w", err)
 	}
-	return db, nil
+	return nil
 }
 
 // initialized reports whether db holds an applied index (openDB ran on it

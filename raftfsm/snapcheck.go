@@ -54,7 +54,7 @@ func snapshotIntact(dir, id string) (bool, string) {
 // setAsideBadSnapshots checks the snapshots the store lists, newest first,
 // until one is intact, moving those that are not to snapshots.damaged/.
 func (n *Node) setAsideBadSnapshots(store raft.SnapshotStore) error {
-	dir := filepath.Join(n.cfg.DataDir, "snapshots")
+	dir := snapshotStoreDir(n.cfg.DataDir)
 	list, err := store.List()
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
@@ -75,17 +75,17 @@ func (n *Node) setAsideBadSnapshots(store raft.SnapshotStore) error {
 	return nil
 }
 
-// moveSnapshotAside renames snapshots/<id> to snapshots.damaged/<id>-<UTC time>.
+// moveSnapshotAside renames snapshots/snapshots/<id> to snapshots.damaged/<id>-<UTC time>.
 func moveSnapshotAside(dataDir, id string) (string, error) {
 	dst := filepath.Join(dataDir, "snapshots.damaged")
 	if err := os.MkdirAll(dst, 0o700); err != nil {
 		return "", fmt.Errorf("set aside snapshot: %w", err)
 	}
 	aside := filepath.Join(dst, id+"-"+time.Now().UTC().Format("20060102T150405Z"))
-	if err := os.Rename(filepath.Join(dataDir, "snapshots", id), aside); err != nil {
+	if err := os.Rename(filepath.Join(snapshotStoreDir(dataDir), id), aside); err != nil {
 		return "", fmt.Errorf("set aside snapshot: %w", err)
 	}
-	for _, d := range []string{filepath.Join(dataDir, "snapshots"), dst, dataDir} {
+	for _, d := range []string{snapshotStoreDir(dataDir), dst, dataDir} {
 		if err := syncDir(d); err != nil {
 			return "", fmt.Errorf("set aside snapshot: %w", err)
 		}
@@ -98,7 +98,7 @@ func moveSnapshotAside(dataDir, id string) (string, error) {
 // after renaming a finished snapshot into place, but not the snapshot's
 // directory, whose entries name those two files.
 func syncSnapshotDirs(dataDir string) error {
-	dir := filepath.Join(dataDir, "snapshots")
+	dir := snapshotStoreDir(dataDir)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -113,5 +113,14 @@ func syncSnapshotDirs(dataDir string) error {
 			}
 		}
 	}
-	return syncDir(dir)
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dir))
+}
+
+// snapshotStoreDir is where raft's file store keeps the snapshots: a
+// "snapshots" directory inside the one it is given (data dir/snapshots).
+func snapshotStoreDir(dataDir string) string {
+	return filepath.Join(dataDir, "snapshots", "snapshots")
 }
