@@ -134,7 +134,7 @@ type FSM struct {
 	ckDone        chan struct{}
 	ckStopOnce    sync.Once
 	ckKick        chan struct{} // asks checkpointLoop for a checkpoint now
-	size          atomic.Int64 // bbolt's high-water mark in bytes, after the last commit
+	size          atomic.Int64  // bbolt's high-water mark in bytes, after the last commit
 	// Recovery decisions, counted by onRecovery (damage.go).
 	recMu      sync.Mutex
 	onRecovery func(reason string)
