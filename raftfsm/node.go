@@ -298,8 +298,8 @@ func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
 		return nil
 	}
 	return fmt.Errorf("%w: the state (applied index %d) and the snapshots (newest usable at %d) do not reach the raft log, "+
-		"which starts at %d: stop this node, move its data dir away and add it again as a new member "+
-		"(mqd --join), so that it gets the leader's snapshot", ErrStateBehindLog, n.FSM.AppliedIndex(), from, first)
+		"which starts at %d: replace this node as docs/operations.md says (Replacing a dead node: remove it, "+
+		"start it with an empty data dir and --join), so that it gets the leader's snapshot", ErrStateBehindLog, n.FSM.AppliedIndex(), from, first)
 }
 
 // syncDataDirs fsyncs the data dir, wal/ and the snapshot directories.
