@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -45,20 +46,23 @@ func dumpFile(t *testing.T, path string) (m map[string]string, err error) {
 	if err := os.WriteFile(cp, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// As OpenFSM does: faults are panics here, and the tree is walked on
+	// this goroutine before tx.Check walks it on its own.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			m, err = nil, fmt.Errorf("panic: %v", r)
 		}
 	}()
-	db, err := bolt.Open(cp, 0o600, &bolt.Options{ReadOnly: true})
+	db, err := bolt.Open(cp, 0o600, &bolt.Options{ReadOnly: true, InitialMmapSize: fsmMmapSize})
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
+	if _, err := checkTree(db, walkTree); err != nil {
+		return nil, err
+	}
 	err = db.View(func(tx *bolt.Tx) error {
-		for e := range tx.Check() {
-			return e
-		}
 		m = dumpTx(tx)
 		return nil
 	})

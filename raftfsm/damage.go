@@ -76,7 +76,7 @@ func openChecked(path string) (db *bolt.DB, checked bool, err error) {
 		return nil, false, &damage{reason: "open_failed", detail: err.Error()}
 	}
 	// Checked before anything is written to it.
-	checked, err = checkTree(db)
+	checked, err = checkTree(db, walkTree)
 	if err != nil {
 		closeQuietly(db)
 		return nil, false, err
@@ -90,7 +90,11 @@ func openChecked(path string) (db *bolt.DB, checked bool, err error) {
 
 // checkTree runs bbolt's consistency check of the page tree (tx.Check)
 // on a file no larger than fsmCheckMaxBytes; it reports whether it ran.
-func checkTree(db *bolt.DB) (bool, error) {
+// walk first reads every reachable page on this goroutine: tx.Check runs
+// in a goroutine of its own, where a page id or key that points outside
+// the file is a memory fault no recover catches, while here it is a panic
+// (openChecked sets SetPanicOnFault).
+func checkTree(db *bolt.DB, walk func(*bolt.Tx) error) (bool, error) {
 	tx, err := db.Begin(false)
 	if err != nil {
 		return false, &damage{reason: "open_failed", detail: err.Error()}
@@ -98,6 +102,9 @@ func checkTree(db *bolt.DB) (bool, error) {
 	defer func() { _ = tx.Rollback() }()
 	if tx.Size() > fsmCheckMaxBytes {
 		return false, nil
+	}
+	if err := walkRecovered(tx, walk); err != nil {
+		return true, &damage{reason: "check_failed", detail: err.Error()}
 	}
 	var errs []string
 	for e := range tx.Check() {
@@ -109,6 +116,51 @@ func checkTree(db *bolt.DB) (bool, error) {
 		return true, &damage{reason: "check_failed", detail: strings.Join(errs, "; ")}
 	}
 	return true, nil
+}
+
+// walkRecovered runs walk, turning a panic (or a memory fault, under
+// SetPanicOnFault) into an error.
+func walkRecovered(tx *bolt.Tx, walk func(*bolt.Tx) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("reading the tree: %v", r)
+		}
+	}()
+	return walk(tx)
+}
+
+// walkSink keeps the compiler from dropping walkTree's reads.
+var walkSink byte
+
+// walkTree visits every key and value of every bucket of tx, reading the
+// first and last byte of each: every reachable page is read, on the
+// calling goroutine.
+func walkTree(tx *bolt.Tx) error {
+	var acc byte
+	var walk func(b *bolt.Bucket, depth int) error
+	walk = func(b *bolt.Bucket, depth int) error {
+		if depth > 64 {
+			return errors.New("buckets nested more than 64 deep")
+		}
+		return b.ForEach(func(k, v []byte) error {
+			if len(k) > 0 {
+				acc ^= k[0] ^ k[len(k)-1]
+			}
+			if v == nil {
+				if c := b.Bucket(k); c != nil {
+					return walk(c, depth+1)
+				}
+				return nil
+			}
+			if len(v) > 0 {
+				acc ^= v[0] ^ v[len(v)-1]
+			}
+			return nil
+		})
+	}
+	err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b, 0) })
+	walkSink ^= acc
+	return err
 }
 
 // closeQuietly closes a bbolt file that failed a check; bbolt may panic
