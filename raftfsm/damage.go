@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -74,7 +75,7 @@ func openChecked(path string) (db *bolt.DB, checked bool, err error) {
 	}()
 	db, err = bolt.Open(path, 0o600, boltOpts)
 	if err != nil {
-		return nil, false, &damage{reason: "open_failed", detail: err.Error()}
+		return nil, false, openError(err)
 	}
 	// Checked before anything is written to it.
 	checked, err = checkTree(db, walkTree)
@@ -84,7 +85,7 @@ func openChecked(path string) (db *bolt.DB, checked bool, err error) {
 	}
 	if err := initDB(db); err != nil {
 		db = nil
-		return nil, false, &damage{reason: "open_failed", detail: err.Error()}
+		return nil, false, openError(err)
 	}
 	return db, checked, nil
 }
@@ -162,6 +163,22 @@ func walkTree(tx *bolt.Tx) error {
 	err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b, 0) })
 	walkSink ^= acc
 	return err
+}
+
+// openError sorts a bbolt error at open: one from the system (out of
+// memory or address space, permissions, an I/O error) is not the file's
+// fault and stops the start, as setting the file aside would not help;
+// any other (bbolt's checks of the file's content) is damage.
+func openError(err error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return &damage{reason: "open_failed", detail: err.Error()}
+	}
+	if errno == syscall.ENOMEM {
+		return fmt.Errorf("open fsm db: %w (fsm.db is mapped into %d GiB of address space: "+
+			"raise the process's address-space limit, ulimit -v)", err, fsmMmapSize>>30)
+	}
+	return fmt.Errorf("open fsm db: %w", err)
 }
 
 // closeQuietly closes a bbolt file that failed a check; bbolt may panic
