@@ -350,7 +350,7 @@ func putCheckpointMeta(path string, c *checkpoint) error {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	if need := int64(m.pgid) * int64(m.pageSize); st.Size() < need {
-		return &damage{reason: "truncated", detail: fmt.Sprintf("%d bytes, the checkpoint's tree needs %d", st.Size(), need)}
+		return &damage{reason: "truncated", detail: fmt.Sprintf("%d bytes long, the checkpoint's tree needs %d", st.Size(), need)}
 	}
 	for slot := uint64(0); slot < 2; slot++ {
 		b := c.meta

@@ -382,7 +382,7 @@ func (p *openPlan) damaged(err error) error {
 	if !errors.As(err, &d) {
 		return err
 	}
-	*p = openPlan{reason: d.reason, why: "damaged: " + d.detail}
+	*p = openPlan{reason: d.reason, why: "damaged (" + d.reason + "): " + d.detail}
 	return nil
 }
 

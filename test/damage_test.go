@@ -35,6 +35,7 @@ type damageCase struct {
 	// line is what f's log must say after the restart; aside, a glob
 	// (relative to f's data dir) that must match the file set aside.
 	line, aside string
+	reason      string // counted in mqd_fsm_recoveries_total
 	snapshots   bool
 }
 
@@ -140,7 +141,8 @@ var damageCases = []damageCase{{
 		d.f.Kill()
 		revertPages(t, d.fsmPath(), old, false)
 	},
-	line: "state machine opened at its last checkpoint",
+	line:   "state machine opened at its last checkpoint",
+	reason: "unclean_stop",
 }, {
 	name: "meta-newer-than-data",
 	damage: func(t *testing.T, d *damageRun) {
@@ -150,7 +152,8 @@ var damageCases = []damageCase{{
 		d.f.Kill()
 		revertPages(t, d.fsmPath(), old, true)
 	},
-	line: "state machine opened at its last checkpoint",
+	line:   "state machine opened at its last checkpoint",
+	reason: "unclean_stop",
 }, {
 	name: "live-copy",
 	damage: func(t *testing.T, d *damageRun) {
@@ -166,8 +169,9 @@ var damageCases = []damageCase{{
 		}
 		writeFile(t, d.fsmPath(), live)
 	},
-	line:  "fsm.db not used: damaged",
-	aside: "fsm.db.damaged-*",
+	line:   "fsm.db not used: damaged",
+	aside:  "fsm.db.damaged-*",
+	reason: "changed_after_close",
 }, {
 	name: "truncated",
 	damage: func(t *testing.T, d *damageRun) {
@@ -184,8 +188,9 @@ var damageCases = []damageCase{{
 			t.Fatal(err)
 		}
 	},
-	line:  "fsm.db not used: damaged",
-	aside: "fsm.db.damaged-*",
+	line:   "fsm.db not used: damaged",
+	aside:  "fsm.db.damaged-*",
+	reason: "truncated",
 }, {
 	name:      "snapshot-bad-crc",
 	snapshots: true,
@@ -218,8 +223,9 @@ var damageCases = []damageCase{{
 			t.Fatal(err)
 		}
 	},
-	line:  "snapshot damaged",
-	aside: "snapshots.damaged/*",
+	line:   "snapshot damaged",
+	aside:  "snapshots.damaged/*",
+	reason: "snapshot_crc",
 }}
 
 func TestDamagedFileOnOneNode(t *testing.T) {
@@ -258,6 +264,11 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	logText := string(readFile(t, d.f.LogPath()))
 	if n := strings.Count(logText, dc.line); n != 1 {
 		t.Errorf("%s's log says %q %d times, want once", d.f, dc.line, n)
+	}
+	if r, err := d.f.Do(d.ctx, "GET", "/metrics", nil, nil); err != nil {
+		t.Error(err)
+	} else if want := `mqd_fsm_recoveries_total{reason="` + dc.reason + `"}`; !strings.Contains(string(r.Body), want) {
+		t.Errorf("%s's /metrics has no %s", d.f, want)
 	}
 	if dc.aside != "" {
 		if m, _ := filepath.Glob(filepath.Join(d.f.DataDir(), dc.aside)); len(m) == 0 {
