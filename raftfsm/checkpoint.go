@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -133,16 +134,21 @@ var checkpointEvery = func() time.Duration {
 	return time.Second
 }()
 
-// TestCheckpointIntervalEnv sets checkpointEvery, for tests only: a test
-// that damages fsm.db sets it long, so that the checkpoint stays where the
-// node opened. Never set it in production (a long interval keeps more
+// TestCheckpointIntervalEnv sets checkpointEvery, for tests only (and, set
+// at all, turns off the checkpoint on freed pages): a test that damages
+// fsm.db sets it long, so that the checkpoint stays where the node opened. Never set it in production (a long interval keeps more
 // freed pages from reuse).
 const TestCheckpointIntervalEnv = "MQD_TEST_CHECKPOINT_INTERVAL"
 
 // ckptPendingMax is how many freed pages may wait for the checkpoint to
 // move before the applying goroutine asks for one at once (2 MiB of 8 KiB
 // pages): at a high write rate a second's churn would be far more.
-const ckptPendingMax = 256
+var ckptPendingMax = func() int {
+	if os.Getenv(TestCheckpointIntervalEnv) != "" {
+		return math.MaxInt // the test holds the checkpoint still
+	}
+	return 256
+}()
 
 // kickCheckpoint asks checkpointLoop for a checkpoint now, if it is not
 // already asked.
