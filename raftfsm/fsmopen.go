@@ -195,4 +195,3 @@ func (f *FSM) logOpened(plan openPlan, index, term uint64, took time.Duration) {
 	f.logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", plan.why,
 		"tree_check", tree, "took", took.Round(time.Millisecond))
 }
-
