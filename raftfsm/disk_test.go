@@ -50,6 +50,8 @@ func TestStorageErrorStops(t *testing.T) {
 	code := -1
 	exit = func(c int) { code = c; panic(errStopped) }
 	defer func() { exit = osExit }()
+	h.f.stopCheckpoints()
+	h.f.releasePin()
 	h.f.db.Close() // every write now fails
 	func() {
 		defer func() {

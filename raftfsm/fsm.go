@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
+	"syscall"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/dedup"
@@ -119,12 +119,32 @@ type FSM struct {
 	Tally     func(map[TopicGroup]*group.Tally)
 	TallyFrom atomic.Uint64
 
-	mu      sync.RWMutex // guards db against Restore's swap
-	db      *bolt.DB
-	applied atomic.Uint64
+	mu sync.RWMutex // guards db against Restore's swap
+	db *bolt.DB
+	// state is fsm.db.state (fsmstate.go); pin is the read transaction
+	// that keeps the checkpoint's tree whole on disk, ckpt the checkpoint
+	// (checkpoint.go). Used on the applying goroutine, or with mu held.
+	state         *stateFile
+	pin           *bolt.Tx
+	ckpt          *checkpoint
+	ckptOffLogged bool
+	ckMu          sync.Mutex // guards state, pin, ckpt
+	ckStop        chan struct{}
+	ckDone        chan struct{}
+	ckStopOnce    sync.Once
+	ckKick        chan struct{} // asks checkpointLoop for a checkpoint now
+	size          atomic.Int64  // bbolt's high-water mark in bytes, after the last commit
+	// Recovery decisions, counted by onRecovery (damage.go).
+	recMu      sync.Mutex
+	onRecovery func(reason string)
+	pendingRec []string
+	applied    atomic.Uint64
 	// opened is the applied index found at open: raft replays entries from
 	// its last snapshot on, and those up to here are already in the file.
 	opened uint64
+	// live is the applied index and term the file's live tree recorded
+	// before OpenFSM rolled it back to its checkpoint (evidence.go).
+	live   [2]uint64
 	cfgGen atomic.Uint64
 	// nodesGen moves after every batch that recorded node addresses (and
 	// every restore); nodes caches the addresses read at some generation.
@@ -194,9 +214,12 @@ var boltOpts = &bolt.Options{
 	// The free list is written with the commit while it is small, so that
 	// opening the file reads it instead of walking every page (about a
 	// second per GiB, many more on a busy machine); see syncFreelistIfSmall.
-	NoFreelistSync:  false,
-	FreelistType:    bolt.FreelistMapType,
-	InitialMmapSize: 1 << 30,
+	NoFreelistSync: false,
+	FreelistType:   bolt.FreelistMapType,
+	// Address space, not memory: a large map keeps bbolt from remapping
+	// (which would wait for the checkpoint's read transaction for ever;
+	// see pinMaxBytes in checkpoint.go).
+	InitialMmapSize: fsmMmapSize,
 	// 8 KiB pages, set when the file is created (an existing file keeps
 	// its own). Message leaves split full, so a page holds as many whole
 	// messages as fit: 1 KiB messages fill 4 KiB pages three to a page
@@ -225,52 +248,9 @@ const freelistSyncMax = 1024
 func (f *FSM) syncFreelistIfSmall() {
 	st := f.db.Stats()
 	f.db.NoFreelistSync = st.FreePageN+st.PendingPageN > freelistSyncMax
-}
-
-// OpenFSM opens the state machine at path as it is, if it can be trusted
-// (fsmstate.go); otherwise it starts empty, and raft restores the latest
-// snapshot and replays the log into it.
-func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
-	trusted, why, err := fsmTrusted(path)
-	if err != nil {
-		return nil, err
+	if st.PendingPageN > ckptPendingMax {
+		f.kickCheckpoint() // pages wait for the checkpoint to move (checkpoint.go)
 	}
-	if !trusted {
-		for _, p := range []string{path, path + ".restore"} {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("remove untrusted fsm: %w", err)
-			}
-		}
-	}
-	// Durably "open" before the first write: a power loss from here on
-	// must find the file untrusted.
-	if err := writeFSMState(path, stateOpenPfx+bootID()); err != nil {
-		return nil, fmt.Errorf("fsm state: %w", err)
-	}
-	f := &FSM{path: path, logger: logger}
-	start := time.Now()
-	db, err := openDB(path)
-	if err != nil {
-		return nil, err
-	}
-	f.db = db
-	if err := f.loadFormat(); err != nil {
-		db.Close()
-		return nil, err
-	}
-	index, term := f.storedApplied()
-	f.applied.Store(index)
-	f.opened = index
-	if trusted {
-		// Opening takes about a second per GiB of fsm.db: bbolt walks every
-		// page to rebuild its free list, which it does not write at each
-		// commit (NoFreelistSync; see boltOpts).
-		logger.Info("state machine opened as it was", "applied_index", index, "applied_term", term, "why", why,
-			"took", time.Since(start).Round(time.Millisecond))
-	} else {
-		logger.Info("state machine starts empty: it is rebuilt from the latest snapshot and the raft log", "why", why)
-	}
-	return f, nil
 }
 
 // loadFormat reads the state's format into f.format; a state in a format
@@ -326,7 +306,12 @@ func openDB(path string) (*bolt.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open fsm db: %w", err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	return db, initDB(db)
+}
+
+// initDB creates the buckets a new file lacks; it closes db on failure.
+func initDB(db *bolt.DB) error {
+	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bktMeta, bktNodes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -340,33 +325,56 @@ func openDB(path string) (*bolt.DB, error) {
 		}
 		return group.Init(tx)
 	})
+	if err != nil && errors.Is(err, syscall.ENOSPC) && initialized(db) {
+		// A full disk: the commit (of nothing new) could not grow the
+		// file; what it would have created is there already.
+		err = nil
+	}
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init fsm db: %w", err)
+		return fmt.Errorf("init fsm db: %w", err)
 	}
-	return db, nil
+	return nil
 }
 
-// Close fsyncs and closes the database and records the clean close.
+// initialized reports whether db holds an applied index (openDB ran on it
+// before).
+func initialized(db *bolt.DB) bool {
+	ok := false
+	_ = db.View(func(tx *bolt.Tx) error {
+		ok = tx.Bucket(bktMeta) != nil && tx.Bucket(bktNodes) != nil && len(tx.Bucket(bktMeta).Get(keyApplied)) == 8
+		return nil
+	})
+	return ok
+}
+
+// Close fsyncs and closes the database and records the clean close, with
+// the last commit's meta page (checkpoint.go).
 func (f *FSM) Close() error {
+	f.stopCheckpoints()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.state.close()
 	// The last commit writes the free list whatever its size, so that
 	// the next open reads it instead of walking every page of the file
-	// (commits skip a large one: syncFreelistIfSmall).
+	// (commits skip a large one: syncFreelistIfSmall). On a full disk it
+	// may not fit: the next open walks the file then.
 	f.db.NoFreelistSync = false
-	if err := f.db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+	if err := f.db.Update(func(*bolt.Tx) error { return nil }); err != nil && !errors.Is(err, syscall.ENOSPC) {
+		f.ckMu.Lock()
+		f.releasePin()
+		f.ckMu.Unlock()
 		f.db.Close()
 		return fmt.Errorf("close fsm: write free list: %w", err)
 	}
-	if err := f.db.Sync(); err != nil {
-		f.db.Close()
-		return fmt.Errorf("close fsm: sync: %w", err)
+	err := f.takeCheckpoint(true) // fsyncs fsm.db, then records it clean
+	f.ckMu.Lock()
+	f.releasePin()
+	f.ckMu.Unlock()
+	if cerr := f.db.Close(); err == nil && cerr != nil {
+		err = cerr
 	}
-	if err := f.db.Close(); err != nil {
-		return fmt.Errorf("close fsm: %w", err)
-	}
-	if err := writeFSMState(f.path, stateClean); err != nil {
+	if err != nil {
 		return fmt.Errorf("close fsm: %w", err)
 	}
 	return nil
@@ -407,6 +415,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		leaseMsgs: f.leaseWaiters.Load() > 0}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	f.guardPin()
 	err := f.db.Update(func(tx *bolt.Tx) error {
 		f.now = 0
 		if v := tx.Bucket(bktMeta).Get(keyNow); len(v) == 8 {
@@ -432,6 +441,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if err := m.Put(keyApplied, mlog.U64Key(last.Index)); err != nil {
 			return err
 		}
+		f.size.Store(tx.Size())
 		return m.Put(keyTerm, mlog.U64Key(last.Term))
 	})
 	if err != nil {
@@ -569,6 +579,12 @@ func (f *FSM) nodeAddrs() map[string]NodeInfo {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
 	f.mu.RLock()
+	// The snapshot's index becomes a checkpoint: after an unclean stop,
+	// raft replays from the latest snapshot, which fsm.db then covers.
+	if err := f.takeCheckpoint(false); err != nil {
+		f.logger.Warn("fsm.db checkpoint failed: after a stop other than a clean one, the state is rebuilt from the previous checkpoint or snapshot",
+			"err", err)
+	}
 	tx, err := f.db.Begin(false)
 	f.mu.RUnlock()
 	if err != nil {
@@ -614,6 +630,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// The checkpoint is of the old file: durably none until the new one's.
+	if err := f.dropCheckpoint(); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("restore: close old db: %w", err)
 	}
@@ -628,6 +648,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.db = db
+	if err := f.takeCheckpoint(false); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.nodesGen.Add(1)

@@ -1125,6 +1125,13 @@ func TestFSMPagesHoldPayloadOnce(t *testing.T) {
 				t.Fatal(r.Err)
 			}
 		}
+		// A batch a second, as checkpointLoop moves the checkpoint: the
+		// pages freed meanwhile are reused only after that.
+		h.f.mu.RLock()
+		if err := h.f.takeCheckpoint(false); err != nil {
+			t.Fatal(err)
+		}
+		h.f.mu.RUnlock()
 	}
 	var size int64
 	if err := h.f.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil }); err != nil {

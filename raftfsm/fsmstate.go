@@ -2,79 +2,159 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
-	"strings"
 )
 
 // fsm.db is written without fsync (see ARCHITECTURE.md, "Durability
-// argument"). A process crash loses nothing of it: bbolt's committed pages
-// are in the kernel's page cache, which outlives the process, and a
-// transaction cut short never became visible. A power loss or kernel crash
-// can leave the file torn, though: the meta page may reach the disk before
-// the pages it points at. The state file next to it tells the two apart.
-// It holds "clean" after a clean close (which fsyncs fsm.db first) and
-// "open <boot id>" while the FSM is open; it is rewritten durably (temp
-// file, fsync, rename, fsync of the directory) before fsm.db is written.
-// At open, fsm.db is trusted when the state says clean, or open in this
-// same boot of the kernel (only the process died); otherwise it is
-// discarded and rebuilt from the latest snapshot and the raft log, as a
-// node whose disk was wiped would be.
+// argument"); the state file next to it, fsm.db.state, says what of it can
+// be trusted at the next open. It records whether fsm.db was closed
+// cleanly, and the latest checkpoint (checkpoint.go): an applied index
+// whose bbolt tree was fsynced and is kept intact on disk, with the bytes
+// of its meta page. After a clean close the checkpoint is the closed
+// file's last transaction, so the next open can tell that fsm.db is still
+// the file it closed; after any other stop the checkpoint's meta page is
+// written back and the node replays the raft log after it.
+//
+// The file is two fixed-size slots, written in turn in place (pwrite and
+// fsync, never a new file): a slot torn by a power cut fails its CRC and
+// the other, older one is read, and rewriting the file needs no free disk
+// space, so a cleanly stopped node starts on a full disk. Each slot:
+//
+//	magic[8] seq[8] flags[1] pad[15] index[8] term[8] txid[8] meta[80] pagesize[4] crc32c[4]
+//
+// all integers big endian; the CRC covers the bytes before it.
 const (
 	fsmStateSuffix = ".state"
-	stateClean     = "clean"
-	stateOpenPfx   = "open "
+	stateSlot      = 512
+	stateRecLen    = 144
+	stateFlagClean = 1 << 0
+	stateFlagCkpt  = 1 << 1
 )
 
-// bootIDPath is where Linux exposes a random id drawn at every boot.
-var bootIDPath = "/proc/sys/kernel/random/boot_id"
+var stateMagic = [8]byte{'m', 'q', 'd', 'f', 's', 'm', 's', 1}
 
-// bootID is this boot's id, or "" where the system has none; without one
-// a crash of the process cannot be told from a power loss, and only a
-// clean close keeps fsm.db.
-func bootID() string {
-	b, err := os.ReadFile(bootIDPath)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// fsmState is what the state file records.
+type fsmState struct {
+	seq   uint64
+	clean bool
+	ckpt  *checkpoint // nil: none
+	// legacy: the file is the text written by an mqd before checkpoints
+	// ("clean" or "open <boot id>").
+	legacy string
 }
 
-// fsmTrusted reports whether the fsm.db at path may be used as it is,
-// and why (for the log).
-func fsmTrusted(path string) (bool, string, error) {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return false, "no state file yet", nil
+func (s *fsmState) encode() []byte {
+	b := make([]byte, stateSlot)
+	copy(b, stateMagic[:])
+	binary.BigEndian.PutUint64(b[8:], s.seq)
+	var flags byte
+	if s.clean {
+		flags |= stateFlagClean
 	}
+	if c := s.ckpt; c != nil {
+		flags |= stateFlagCkpt
+		binary.BigEndian.PutUint64(b[32:], c.index)
+		binary.BigEndian.PutUint64(b[40:], c.term)
+		binary.BigEndian.PutUint64(b[48:], c.txid)
+		copy(b[56:56+metaPrefix], c.meta[:])
+		binary.BigEndian.PutUint32(b[136:], c.pageSize)
+	}
+	b[16] = flags
+	binary.BigEndian.PutUint32(b[140:], crc32.Checksum(b[:140], castagnoli))
+	return b
+}
+
+func decodeState(b []byte) (*fsmState, bool) {
+	if len(b) < stateRecLen || !bytes.Equal(b[:8], stateMagic[:]) ||
+		binary.BigEndian.Uint32(b[140:]) != crc32.Checksum(b[:140], castagnoli) {
+		return nil, false
+	}
+	s := &fsmState{seq: binary.BigEndian.Uint64(b[8:]), clean: b[16]&stateFlagClean != 0}
+	if b[16]&stateFlagCkpt != 0 {
+		c := &checkpoint{index: binary.BigEndian.Uint64(b[32:]), term: binary.BigEndian.Uint64(b[40:]),
+			txid: binary.BigEndian.Uint64(b[48:]), pageSize: binary.BigEndian.Uint32(b[136:])}
+		copy(c.meta[:], b[56:56+metaPrefix])
+		s.ckpt = c
+	}
+	return s, true
+}
+
+// stateFile is the open state file, rewritten in place.
+type stateFile struct {
+	f   *os.File
+	cur fsmState
+}
+
+// readFSMState reads the state file of the fsm.db at path: nil if there
+// is none, a state with legacy set for the text of an older mqd, an error
+// if neither slot is readable.
+func readFSMState(path string) (*fsmState, error) {
 	b, err := os.ReadFile(path + fsmStateSuffix)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		// Written by mqd before the durable FSM, which rebuilt it at
-		// every start and never fsynced it.
-		return false, "no record of how it was closed", nil
-	case err != nil:
-		return false, "", fmt.Errorf("fsm state: %w", err)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
 	}
-	s := string(bytes.TrimSpace(b))
-	switch {
-	case s == stateClean:
-		return true, "closed cleanly", nil
-	case strings.HasPrefix(s, stateOpenPfx):
-		if id := bootID(); id != "" && s[len(stateOpenPfx):] == id {
-			return true, "the process stopped without closing it, in this boot", nil
+	if err != nil {
+		return nil, fmt.Errorf("fsm state: %w", err)
+	}
+	var best *fsmState
+	for off := 0; off+stateRecLen <= len(b); off += stateSlot {
+		if s, ok := decodeState(b[off:]); ok && (best == nil || s.seq > best.seq) {
+			best = s
 		}
-		return false, "open when the machine stopped (power loss or kernel crash): it may be torn", nil
-	default:
-		return false, "unreadable state file", nil
 	}
+	if best != nil {
+		return best, nil
+	}
+	if t := string(bytes.TrimSpace(b)); t == "clean" || bytes.HasPrefix(b, []byte("open ")) {
+		return &fsmState{legacy: t}, nil
+	}
+	return nil, errUnreadableState
 }
 
-// writeFSMState replaces the state file durably.
-func writeFSMState(path, state string) error {
-	return writeFileSync(path+fsmStateSuffix, []byte(state+"\n"))
+var errUnreadableState = errors.New("fsm state file unreadable (both records fail their CRC)")
+
+// openStateFile opens the state file for in-place rewrites, creating it
+// (temp file, fsync, rename, fsync of the directory) when it is missing or
+// not in the two-slot format: the only time it takes new disk space.
+func openStateFile(path string, cur *fsmState) (*stateFile, error) {
+	name := path + fsmStateSuffix
+	if cur == nil || cur.legacy != "" {
+		init := fsmState{}
+		b := init.encode()
+		if err := writeFileSync(name, append(b, b...)); err != nil {
+			return nil, fmt.Errorf("fsm state: %w", err)
+		}
+		cur = &init
+	}
+	f, err := os.OpenFile(name, os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("fsm state: %w", err)
+	}
+	return &stateFile{f: f, cur: *cur}, nil
 }
+
+// write records s durably, in the slot the current record is not in.
+func (sf *stateFile) write(clean bool, c *checkpoint) error {
+	next := fsmState{seq: sf.cur.seq + 1, clean: clean, ckpt: c}
+	if _, err := sf.f.WriteAt(next.encode(), int64(next.seq%2)*stateSlot); err != nil {
+		return fmt.Errorf("fsm state: %w", err)
+	}
+	if err := sf.f.Sync(); err != nil {
+		return fmt.Errorf("fsm state: sync: %w", err)
+	}
+	sf.cur = next
+	return nil
+}
+
+func (sf *stateFile) close() error { return sf.f.Close() }
 
 // writeFileSync writes name through a temporary file that is fsynced and
 // renamed over it, then fsyncs the directory so the rename is durable.
@@ -108,4 +188,15 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// readAtFull reads len(b) bytes of name at off.
+func readAtFull(name string, b []byte, off int64) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.ReadFull(io.NewSectionReader(f, off, int64(len(b))), b)
+	return err
 }

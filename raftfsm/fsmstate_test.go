@@ -2,7 +2,6 @@ package raftfsm
 
 import (
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -23,39 +22,49 @@ func openAt(t *testing.T, path string) *harness {
 // crash leaves the file the way a killed process does: committed, not
 // fsynced, never closed by the FSM.
 func (h *harness) crash() {
+	h.f.stopCheckpoints()
 	h.f.mu.Lock()
 	defer h.f.mu.Unlock()
+	h.f.releasePin()
 	h.f.db.Close()
+	h.f.state.close()
+}
+
+// checkpoint moves the checkpoint to the last commit.
+func (h *harness) checkpoint() {
+	h.t.Helper()
+	h.f.mu.RLock()
+	defer h.f.mu.RUnlock()
+	if err := h.f.takeCheckpoint(false); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func setNode(id string) *Command {
 	return &Command{Op: OpSetNode, Node: NodeInfo{ID: id, HTTPAddr: "h-" + id, RaftAddr: "r-" + id}}
 }
 
-// After a process crash or a clean close the FSM opens as it was, with its
-// applied index and term, and skips the entries raft replays up to it; after
-// a power loss (a boot id other than the one it was opened in) it starts
-// empty, to be rebuilt from the snapshot and the log.
+// After a clean close the FSM opens as it was, with its applied index and
+// term; after any other stop it opens at its last checkpoint (taken at
+// open and at every snapshot) and skips the entries raft replays up to it.
 func TestFSMReopens(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "fsm.db")
-	bootIDPath = filepath.Join(dir, "boot_id")
-	t.Cleanup(func() { bootIDPath = "/proc/sys/kernel/random/boot_id" })
-	boot := func(id string) {
-		if err := os.WriteFile(bootIDPath, []byte(id+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	boot("boot-1")
 
 	h := openAt(t, path)
 	h.must(setNode("n1"))
 	h.must(setNode("n2"))
+	snap, err := h.f.Snapshot() // a checkpoint at index 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	h.must(setNode("n3"))
 	h.crash()
 
 	h = openAt(t, path)
 	if got := h.f.AppliedIndex(); got != 2 {
-		t.Fatalf("after a crash: applied index %d, want 2", got)
+		t.Fatalf("after a crash: applied index %d, want 2 (the checkpoint)", got)
 	}
 	if _, term := h.f.storedApplied(); term != 1 {
 		t.Fatalf("after a crash: applied term %d, want 1", term)
@@ -79,18 +88,16 @@ func TestFSMReopens(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	boot("boot-2") // a clean close survives a reboot
 	h = openAt(t, path)
 	if got := h.f.AppliedIndex(); got != 3 {
-		t.Fatalf("after a clean close and a reboot: applied index %d, want 3", got)
+		t.Fatalf("after a clean close: applied index %d, want 3", got)
 	}
-	h.crash()
+	h.crash() // the checkpoint taken at open: index 3
 
-	boot("boot-3") // open, then the machine stopped: the file may be torn
 	h = openAt(t, path)
 	defer h.f.Close()
-	if got, n := h.f.AppliedIndex(), len(h.f.Nodes()); got != 0 || n != 0 {
-		t.Fatalf("after a power loss: applied index %d, %d nodes; want an empty state", got, n)
+	if got, n := h.f.AppliedIndex(), len(h.f.Nodes()); got != 3 || n != 3 {
+		t.Fatalf("after a crash right after open: applied index %d, %d nodes; want 3 and 3", got, n)
 	}
 }
 
@@ -113,6 +120,7 @@ func TestBytesSinceSnapshotCountsReplayedEntries(t *testing.T) {
 	if got := h.f.BytesSinceSnapshot(); got != total-uint64(len(logs[4].Data)) {
 		t.Fatalf("before the restart: %d bytes since the snapshot, want %d", got, total-uint64(len(logs[4].Data)))
 	}
+	h.checkpoint() // as checkpointLoop does every second
 	h.crash()
 
 	// No snapshot: raft replays from index 1, a batch all in the file, one

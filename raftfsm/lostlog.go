@@ -294,11 +294,16 @@ func (n *Node) leadGate(ctx context.Context) bool {
 
 // lostEvidence is the highest applied index (and its term) this node's
 // state is known to have reached before this start: the index its log
-// must back. Here that is the state as opened. A state that is rolled
-// back or set aside at open (to a checkpoint, or rebuilt) must report the
-// index the file it replaces had applied, when that file could be read:
-// otherwise a log that lost its tail goes unnoticed.
-func (f *FSM) lostEvidence() (index, term uint64) { return f.appliedIndexTerm() }
+// must back. That is the state as opened, or, when OpenFSM rolled the
+// file back to its checkpoint, what its live tree had applied before
+// (evidence.go): otherwise a log that lost its tail goes unnoticed.
+func (f *FSM) lostEvidence() (index, term uint64) {
+	index, term = f.appliedIndexTerm()
+	if f.live[0] > index {
+		return f.live[0], f.live[1]
+	}
+	return index, term
+}
 
 // appliedIndexTerm is the applied index and term the state records.
 func (f *FSM) appliedIndexTerm() (index, term uint64) {

@@ -30,7 +30,12 @@ type nodeMetrics struct {
 	// against mqd_raft_applied_bytes_total (the snapshot policy keeps it
 	// within twice that).
 	snapshotWritten prometheus.Counter
+	// recoveries counts the decisions taken about damaged or untrusted
+	// files (damage.go), by reason.
+	recoveries *prometheus.CounterVec
 }
+
+func (m *nodeMetrics) recovery(reason string) { m.recoveries.WithLabelValues(reason).Inc() }
 
 // TallyAt is a group's sums of applied events, with the applied index
 // they were last added at.
@@ -53,6 +58,9 @@ func newNodeMetrics() *nodeMetrics {
 			Help: "Size of this node's latest snapshot."}),
 		snapshotWritten: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_snapshot_written_bytes_total",
 			Help: "Bytes of snapshots this node took (the sum of their sizes)."}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_fsm_recoveries_total",
+			Help: "Decisions taken at start about fsm.db and the snapshots: opened at the last checkpoint after an unclean stop (unclean_stop), or set aside and rebuilt, by what was found."},
+			[]string{"reason"}),
 	}
 }
 
@@ -151,7 +159,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 func (n *Node) Collectors() []prometheus.Collector {
 	m := n.metrics
 	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
-		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes, m.snapshotWritten,
+		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes, m.snapshotWritten, m.recoveries,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_applied_bytes_total",
 			Help: "Bytes of raft log entries this node applied since it started."},
 			func() float64 { return float64(n.FSM.AppliedBytes()) }),

@@ -152,6 +152,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.FSM = fsm
 	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
+	fsm.OnRecovery(n.metrics.recovery)
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
@@ -200,6 +201,12 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("snapshot store: %w", err)
 	}
 	n.snaps = snaps
+	// The files just made or opened (raft.db, wal/, snapshots/) are named
+	// by directory entries: fsynced before anything relies on them.
+	if err := syncDataDirs(cfg.DataDir); err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("data dir: fsync: %w", err)
+	}
 	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
 	if err != nil {
 		n.closeStores()
@@ -273,6 +280,18 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("snapshot store: %w", err)
 	}
+	if len(list) > 0 && n.FSM.AppliedIndex() < list[0].Index {
+		// raft restores one: set aside those that fail their CRC first.
+		if err := n.setAsideBadSnapshots(snaps); err != nil {
+			return false, err
+		}
+		if list, err = snaps.List(); err != nil {
+			return false, fmt.Errorf("snapshot store: %w", err)
+		}
+	}
+	if err := n.checkReplayable(list); err != nil {
+		return false, err
+	}
 	if len(list) == 0 {
 		return true, nil
 	}
@@ -281,6 +300,39 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 		n.logger.Info("restoring the latest snapshot at start", "snapshot_index", list[0].Index, "fsm_applied_index", n.FSM.AppliedIndex())
 	}
 	return covers, nil
+}
+
+// checkReplayable refuses to start when neither fsm.db nor a snapshot
+// reaches back to where the raft log starts: raft would fail on the first
+// entry it cannot read. The node then says what to do rather than panic.
+func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
+	first, err := n.stores.log.FirstIndex()
+	if err != nil || first <= 1 {
+		return err
+	}
+	from := n.FSM.AppliedIndex()
+	if len(list) > 0 {
+		from = max(from, list[0].Index)
+	}
+	if from+1 >= first {
+		return nil
+	}
+	return fmt.Errorf("%w: the state (applied index %d) and the snapshots (newest usable at %d) do not reach the raft log, "+
+		"which starts at %d: replace this node as docs/operations.md says (Replacing a dead node: remove it, "+
+		"start it with an empty data dir and --join), so that it gets the leader's snapshot", ErrStateBehindLog, n.FSM.AppliedIndex(), from, first)
+}
+
+// syncDataDirs fsyncs the data dir, wal/ and the snapshot directories.
+func syncDataDirs(dataDir string) error {
+	if err := syncSnapshotDirs(dataDir); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "wal")); err == nil {
+		if err := syncDir(filepath.Join(dataDir, "wal")); err != nil {
+			return err
+		}
+	}
+	return syncDir(dataDir)
 }
 
 func (n *Node) closeStores() {

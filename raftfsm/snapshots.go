@@ -57,6 +57,9 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		case err != nil:
 			n.logger.Warn("snapshot failed", "err", err)
 		default:
+			if err := syncSnapshotDirs(n.cfg.DataDir); err != nil {
+				n.logger.Warn("fsync of the snapshot directories", "err", err)
+			}
 			n.metrics.snapshots.Inc()
 			n.metrics.snapshotTime.Observe(time.Since(start).Seconds())
 			if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {

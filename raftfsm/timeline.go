@@ -330,3 +330,16 @@ func (n *Node) anchorServiceClock(vouched bool) {
 	}
 	service.atLeast(fsmNow)
 }
+
+// bootIDPath is where Linux exposes a random id drawn at every boot.
+var bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// bootID is this boot's id, or "" where the system has none: the clock
+// record is then never taken for this boot's.
+func bootID() string {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
