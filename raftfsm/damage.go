@@ -196,14 +196,7 @@ func setAside(path string) (string, error) {
 	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
-	stamp := time.Now().UTC().Format("20060102T150405Z")
-	aside := path + ".damaged-" + stamp
-	for i := 2; ; i++ {
-		if _, err := os.Lstat(aside); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		aside = fmt.Sprintf("%s.damaged-%s-%d", path, stamp, i)
-	}
+	aside := asideName(path, "damaged")
 	if err := os.Rename(path, aside); err != nil {
 		return "", fmt.Errorf("set aside %s: %w", path, err)
 	}
@@ -211,6 +204,19 @@ func setAside(path string) (string, error) {
 		return "", fmt.Errorf("set aside %s: %w", path, err)
 	}
 	return aside, nil
+}
+
+// asideName is a name beside path for a file kept as evidence:
+// path.<what>-<UTC time>, with a number after it if that is taken.
+func asideName(path, what string) string {
+	stamp := time.Now().UTC().Format("20060102T150405Z")
+	aside := path + "." + what + "-" + stamp
+	for i := 2; ; i++ {
+		if _, err := os.Lstat(aside); errors.Is(err, os.ErrNotExist) {
+			return aside
+		}
+		aside = fmt.Sprintf("%s.%s-%s-%d", path, what, stamp, i)
+	}
 }
 
 // recordRecovery counts a recovery decision (mqd_fsm_recoveries_total):

@@ -2,8 +2,14 @@ package raftfsm
 
 import (
 	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -18,6 +24,14 @@ import (
 // A file that was torn by a power loss may read an older index (never a
 // newer one than the node applied) or not read at all; either leaves the
 // checkpoint's index as the evidence, as before.
+//
+// When that live tree is ahead of everything the log and the snapshots
+// can bring the state back to (the log lost its tail), the rollback would
+// throw away the only copy this node has of what it had applied: the file
+// is first copied to fsm.db.lost-<UTC time> (fsynced), a bbolt file like a
+// backup, which `mqd restore` takes. In a cluster the leader still holds
+// those entries and the node catches up from it; a one-node cluster's
+// operator restores the copy (docs/operations.md).
 
 // liveApplied reads the applied index and term that the tree fsm.db's
 // newest valid meta page points at records. ok is false when the file
@@ -51,4 +65,67 @@ func liveApplied(path string) (index, term uint64, ok bool) {
 		return nil
 	})
 	return index, term, ok && err == nil
+}
+
+// keepLiveEvidence reads the live tree's applied index and term into
+// f.live, and copies the file aside when that index is past both the
+// checkpoint's (ckpt) and what the log and snapshots back (see above).
+func (f *FSM) keepLiveEvidence(ckpt, backed uint64) error {
+	index, term, ok := liveApplied(f.path)
+	if !ok {
+		return nil
+	}
+	f.live = [2]uint64{index, term}
+	if index <= ckpt || index <= backed {
+		return nil
+	}
+	aside := asideName(f.path, "lost")
+	if err := copyFileSync(f.path, aside); err != nil {
+		return fmt.Errorf("keep a copy of fsm.db ahead of its log: %w", err)
+	}
+	f.logger.Error("fsm.db applied entries its raft log and snapshots no longer hold: a copy of it is kept before it is "+
+		"rolled back to its checkpoint (restore it with mqd restore if no other node has those entries)",
+		"applied_index", index, "log_and_snapshots_reach", backed, "checkpoint_index", ckpt, "copy", aside)
+	return nil
+}
+
+// logBacks is the highest index the raft log or a snapshot holds.
+func logBacks(log raft.LogStore, snaps raft.SnapshotStore) (uint64, error) {
+	last, err := log.LastIndex()
+	if err != nil {
+		return 0, fmt.Errorf("raft log store: %w", err)
+	}
+	list, err := snaps.List()
+	if err != nil {
+		return 0, fmt.Errorf("snapshot store: %w", err)
+	}
+	if len(list) > 0 {
+		last = max(last, list[0].Index)
+	}
+	return last, nil
+}
+
+// copyFileSync copies src to a new file dst, fsyncs it and its directory.
+func copyFileSync(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dst))
 }

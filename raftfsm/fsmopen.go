@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -15,6 +16,13 @@ import (
 // aside and started empty, so that raft restores the latest snapshot and
 // replays the log into it.
 func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
+	return OpenFSMBacked(path, logger, math.MaxUint64)
+}
+
+// OpenFSMBacked is OpenFSM for a node whose raft log and snapshots reach
+// the index backed: a live tree applied past both it and its checkpoint
+// is copied aside before the rollback (evidence.go).
+func OpenFSMBacked(path string, logger *slog.Logger, backed uint64) (*FSM, error) {
 	f := &FSM{path: path, logger: logger}
 	st, stErr := readFSMState(path)
 	plan := planOpen(path, st, stErr)
@@ -27,9 +35,10 @@ func OpenFSM(path string, logger *slog.Logger) (*FSM, error) {
 	}
 	f.state = sf
 	start := time.Now()
-	if plan.restore != nil {
-		if i, t, ok := liveApplied(path); ok { // before the rollback
-			f.live = [2]uint64{i, t}
+	if plan.restore != nil { // before the rollback
+		if err := f.keepLiveEvidence(plan.restore.index, backed); err != nil {
+			sf.close()
+			return nil, err
 		}
 	}
 	if plan.use {

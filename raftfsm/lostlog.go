@@ -283,7 +283,7 @@ func (n *Node) leadGate(ctx context.Context) bool {
 	// holds the lost entries; the state does (a backup of it restored as a
 	// new cluster keeps them: docs/operations.md, Backup and restore).
 	n.logger.Error("elected, but not serving: " + n.lost.reason() +
-		"; this cluster's only voter has no other copy of the lost entries: back its state up (GET /v1/cluster/backup) and restore it as a new cluster (mqd restore)")
+		"; this cluster's only voter has no other copy of the lost entries: restore as a new cluster (mqd restore) the fsm.db.lost-<time> copy it kept in its data dir, or, after a clean stop, a backup of its state (GET /v1/cluster/backup)")
 	for n.lost.restricted() {
 		if pauseCtx(ctx, lostEvery) != nil {
 			return false

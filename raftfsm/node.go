@@ -145,19 +145,6 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.batch = newBatcher(n)
-	fsm, err := OpenFSM(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger)
-	if err != nil {
-		lock.release()
-		return nil, err
-	}
-	n.FSM = fsm
-	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
-	fsm.OnRecovery(n.metrics.recovery)
-	n.metrics.applied = fsm.AppliedIndex
-	fsm.Tally = n.metrics.tally
-	n.sched = newScheduler(n)
-	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
-	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
 	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
 	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
 	if err != nil {
@@ -168,6 +155,35 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
+	// Two snapshots: the latest and at most one older one (a snapshot is a
+	// whole copy of fsm.db, streamed from a bbolt read transaction).
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	n.snaps = snaps
+	// What the log and snapshots can bring the state back to: OpenFSM
+	// keeps a copy of a live tree that is ahead of it before it rolls the
+	// file back to its checkpoint (evidence.go).
+	backed, err := logBacks(n.stores.log, snaps)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	fsm, err := OpenFSMBacked(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger, backed)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	n.FSM = fsm
+	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
+	fsm.OnRecovery(n.metrics.recovery)
+	n.metrics.applied = fsm.AppliedIndex
+	fsm.Tally = n.metrics.tally
+	n.sched = newScheduler(n)
+	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
+	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
 	if n.stores.kind == LogStoreWAL {
 		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
 	}
@@ -193,14 +209,6 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
-	// Two snapshots: the latest and at most one older one (a snapshot is a
-	// whole copy of fsm.db, streamed from a bbolt read transaction).
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
-	if err != nil {
-		n.closeStores()
-		return nil, fmt.Errorf("snapshot store: %w", err)
-	}
-	n.snaps = snaps
 	// The files just made or opened (raft.db, wal/, snapshots/) are named
 	// by directory entries: fsynced before anything relies on them.
 	if err := syncDataDirs(cfg.DataDir); err != nil {
@@ -339,7 +347,9 @@ func (n *Node) closeStores() {
 	if n.stores != nil {
 		n.stores.Close()
 	}
-	n.FSM.Close()
+	if n.FSM != nil {
+		n.FSM.Close()
+	}
 	n.dirLock.release()
 }
 
