@@ -65,3 +65,16 @@ func TestStorageErrorStops(t *testing.T) {
 }
 
 var errStopped = errors.New("stopped")
+
+// raft-wal's segments are a 16th of the filesystem at most, between 1 and
+// 64 MiB.
+func TestWalSegmentFor(t *testing.T) {
+	for _, c := range []struct{ total, want uint64 }{
+		{64 << 20, 4 << 20}, {256 << 20, 16 << 20}, {1 << 30, 64 << 20}, {1 << 40, 64 << 20},
+		{8 << 20, 1 << 20}, {0, 1 << 20}, {300 << 20, 16 << 20},
+	} {
+		if got := walSegmentFor(c.total); uint64(got) != c.want {
+			t.Errorf("walSegmentFor(%d) = %d, want %d", c.total, got, c.want)
+		}
+	}
+}

@@ -567,6 +567,7 @@ func (f *FSM) nodeAddrs() map[string]NodeInfo {
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
+	f.compactIfSparse()                   // a safe point: compact.go
 	f.mu.RLock()
 	tx, err := f.db.Begin(false)
 	f.mu.RUnlock()

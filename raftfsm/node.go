@@ -113,7 +113,8 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if _, existing, err := detectLogStore(cfg.DataDir); err != nil || !existing {
+	_, existing, err := detectLogStore(cfg.DataDir)
+	if err != nil || !existing {
 		if err == nil {
 			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
 		}
@@ -127,6 +128,12 @@ func Open(cfg Config) (*Node, error) {
 	lock, err := lockDataDir(cfg.DataDir) // before any other file of the dir
 	if err != nil {
 		return nil, err
+	}
+	if !existing {
+		if err := checkStartSpace(cfg.DataDir, cfg.RaftLog); err != nil { // disk.go
+			lock.release()
+			return nil, err
+		}
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.ready.hc = n.peerClient(readyAsk)
@@ -142,6 +149,9 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	removeCompactLeftover(fsm.path)
+	fsm.compactIfSparse()                       // compact.go
+	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
@@ -158,7 +168,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	if n.stores.kind == LogStoreWAL {
-		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
+		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
 	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again. A state machine opened as it

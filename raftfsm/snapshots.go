@@ -121,6 +121,9 @@ func (n *Node) snapshotDue() (bool, string) {
 	if applied <= last {
 		return false, ""
 	}
+	if n.disk.low.Load() && n.FSM.Sparse() {
+		return true, "reclaim" // the snapshot compacts the state first (compact.go)
+	}
 	size, since := n.FSM.Size(), n.FSM.BytesSinceSnapshot()
 	if since >= uint64(max(size, snapshotRatioFloor))/snapshotRatio {
 		return true, "log bytes"

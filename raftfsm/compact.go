@@ -1,0 +1,168 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Giving back the space of trimmed and deleted messages. bbolt never
+// shrinks its file: pages freed by a trim or a topic deletion are reused
+// by later writes, but the file keeps its size, and a snapshot (a copy of
+// the whole file, free pages included) keeps it too. So once a state is
+// sparse — at least compactFreeFraction of fsm.db free, and at least
+// compactMinFree bytes — the node rewrites fsm.db as a compacted copy
+// (bbolt's Compact: every bucket and key walked into a new file, pages
+// filled whole), at two safe points where no write transaction is open:
+//   - at open (hooked in Open, node.go, right after OpenFSM), before raft
+//     applies anything;
+//   - in FSM.Snapshot (fsm.go, its first line), which raft calls on its
+//     FSM goroutine between two applies; applies wait for the copy, which
+//     takes time in proportion to the live data (docs/performance.md).
+//     The snapshot is then taken from the compacted file, so it is small
+//     too, and a follower restoring it gets a compacted fsm.db.
+//
+// The snapshot loop takes a snapshot for the purpose ("reclaim") when the
+// disk is under its floor and the state is sparse.
+//
+// Durability: the copy is written to fsm.db.compact, fsynced, closed,
+// renamed over fsm.db and the directory fsynced, the same way Restore
+// installs a snapshot. A crash before the rename leaves the old fsm.db
+// (and a stale fsm.db.compact, removed at the next compaction or open); a
+// crash after it leaves a complete, fsynced file at the same applied
+// index as the one it replaced.
+const (
+	compactFreeFraction = 0.5
+	compactMinFree      = 8 << 20
+	compactSuffix       = ".compact"
+	// compactTxBytes bounds one write transaction of the copy.
+	compactTxBytes = 64 << 20
+)
+
+// spaceStats reports fsm.db's size in bytes (what a snapshot of it
+// copies) and the bytes of free pages in it.
+func (f *FSM) spaceStats() (size, free int64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_ = f.db.View(func(tx *bolt.Tx) error {
+		size = tx.Size()
+		return nil
+	})
+	st := f.db.Stats()
+	free = int64(st.FreePageN+st.PendingPageN) * int64(f.db.Info().PageSize)
+	return size, min(free, size)
+}
+
+// sparse reports whether fsm.db is worth compacting (see above).
+func sparse(size, free int64) bool {
+	return free >= compactMinFree && float64(free) >= compactFreeFraction*float64(size)
+}
+
+// Sparse reports whether the state would be compacted at the next
+// snapshot.
+func (f *FSM) Sparse() bool { return sparse(f.spaceStats()) }
+
+// NextSnapshotSize is about the bytes the next snapshot writes: fsm.db's
+// size, or, when the state is sparse, its live pages (the snapshot is
+// taken from a compacted copy). The compaction itself needs no more: it
+// writes the live pages to a new file and the old file's space is
+// returned before the snapshot is written.
+func (f *FSM) NextSnapshotSize() uint64 {
+	size, free := f.spaceStats()
+	if sparse(size, free) {
+		return uint64(size - free)
+	}
+	return uint64(size)
+}
+
+// compactIfSparse compacts fsm.db when it is sparse. It must be called
+// where no write transaction can start (at open, or on raft's FSM
+// goroutine). A failure (no room for the copy) leaves fsm.db as it was.
+func (f *FSM) compactIfSparse() {
+	size, free := f.spaceStats()
+	if !sparse(size, free) {
+		return
+	}
+	start := time.Now()
+	if err := f.compact(); err != nil {
+		f.logger.Warn("compacting the state file failed; it keeps its size", "size", size, "free_in_file", free, "err", err)
+		return
+	}
+	after, _ := f.spaceStats()
+	f.logger.Info("state file compacted: space of trimmed and deleted data given back",
+		"before", size, "after", after, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// compact replaces fsm.db with a compacted copy (see above).
+func (f *FSM) compact() error {
+	tmp := f.path + compactSuffix
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := writeCompactCopy(f.db, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("compact: close: %w", err)
+	}
+	if err := os.Rename(tmp, f.path); err != nil {
+		// The old file is still in place: reopen it.
+		db, oerr := openDB(f.path)
+		if oerr != nil {
+			return fmt.Errorf("compact rename: %w; reopen: %w", err, oerr)
+		}
+		f.db = db
+		return fmt.Errorf("compact rename: %w", err)
+	}
+	if err := syncDir(filepath.Dir(f.path)); err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	db, err := openDB(f.path)
+	if err != nil {
+		return err
+	}
+	f.db = db
+	return nil
+}
+
+// writeCompactCopy writes src's buckets and keys into a new bbolt file at
+// path and fsyncs it.
+func writeCompactCopy(src *bolt.DB, path string) error {
+	opts := *boltOpts
+	opts.InitialMmapSize = 0
+	dst, err := bolt.Open(path, 0o600, &opts)
+	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	if err := bolt.Compact(dst, src, compactTxBytes); err != nil {
+		dst.Close()
+		return fmt.Errorf("compact: %w", err)
+	}
+	// The last commit writes the free list, so that opening the copy
+	// reads it rather than walks the file.
+	dst.NoFreelistSync = false
+	if err := dst.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		dst.Close()
+		return fmt.Errorf("compact: %w", err)
+	}
+	if err := dst.Sync(); err != nil {
+		dst.Close()
+		return fmt.Errorf("compact sync: %w", err)
+	}
+	if err := dst.Close(); err != nil {
+		return fmt.Errorf("compact close: %w", err)
+	}
+	return nil
+}
+
+// removeCompactLeftover removes a copy a crash left behind.
+func removeCompactLeftover(path string) {
+	_ = os.Remove(path + compactSuffix)
+}

@@ -1,0 +1,73 @@
+package raftfsm
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	mlog "github.com/mqd/mqd/log"
+)
+
+// fillTopic publishes n messages of size bytes to topic, 16 per batch.
+func fillTopic(h *harness, topic string, n, size int) {
+	h.t.Helper()
+	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: topic, Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
+	val := strings.Repeat("x", size)
+	for i := 0; i < n; i += 16 {
+		var msgs []mlog.Placed
+		for j := i; j < min(i+16, n); j++ {
+			msgs = append(msgs, msg(fmt.Sprintf("%06d%s", j, val)))
+		}
+		h.must(publish(2, topic, msgs...))
+	}
+}
+
+// A state whose data was deleted is sparse: the next snapshot's size is its
+// live pages, and taking it compacts fsm.db to about that, keeping every
+// remaining key; a dense state is left alone and counted whole.
+func TestCompactAtSnapshot(t *testing.T) {
+	h := mustFSM(t)
+	fillTopic(h, "gone", 3000, 8<<10)
+	fillTopic(h, "kept", 200, 8<<10)
+	size, _ := h.f.spaceStats()
+	if h.f.Sparse() || h.f.NextSnapshotSize() != uint64(size) {
+		t.Fatalf("dense state: sparse %v, next snapshot %d, want its size %d", h.f.Sparse(), h.f.NextSnapshotSize(), size)
+	}
+	h.must(&Command{Op: OpDeleteTopic, Now: 3, Topic: "gone"})
+	h.must(&Command{Op: OpPutTopic, Now: 4, Topic: "other", Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
+	want := dumpDB(t, h.f)
+	size, free := h.f.spaceStats()
+	if !h.f.Sparse() {
+		t.Fatalf("after deleting most data: size %d, free %d, not sparse", size, free)
+	}
+	next := h.f.NextSnapshotSize()
+	if next >= uint64(size)/2 {
+		t.Fatalf("next snapshot %d of a %d-byte state with %d free", next, size, free)
+	}
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	after, _ := h.f.spaceStats()
+	st, err := os.Stat(h.f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("state %d bytes (%d free) → %d (file %d); estimated %d", size, free, after, st.Size(), next)
+	if after > int64(next)+int64(next)/4+1<<20 || st.Size() > size/2 {
+		t.Fatalf("compacted state %d bytes (file %d), estimated %d, was %d", after, st.Size(), next, size)
+	}
+	if got := dumpDB(t, h.f); !reflect.DeepEqual(got, want) {
+		t.Fatalf("compaction changed the state: %d keys, want %d", len(got), len(want))
+	}
+	if h.f.AppliedIndex() != h.idx {
+		t.Fatalf("applied index %d after compaction, want %d", h.f.AppliedIndex(), h.idx)
+	}
+	if _, err := os.Stat(h.f.path + compactSuffix); !os.IsNotExist(err) {
+		t.Fatalf("temporary copy left: %v", err)
+	}
+	h.must(publish(5, "kept", msg("after")))
+}
