@@ -22,9 +22,12 @@ import (
 //     applies anything;
 //   - in FSM.Snapshot (fsm.go, its first line), which raft calls on its
 //     FSM goroutine between two applies; applies wait for the copy, which
-//     takes time in proportion to the live data (docs/performance.md).
-//     The snapshot is then taken from the compacted file, so it is small
-//     too, and a follower restoring it gets a compacted fsm.db.
+//     takes time in proportion to the live data (docs/performance.md), so
+//     there only while the live data is at most compactStallMax, or when
+//     the disk is under its floor (writes that add data are refused then,
+//     and the compaction is what brings them back). The snapshot is then
+//     taken from the compacted file, so it is small too, and a follower
+//     restoring it gets a compacted fsm.db.
 //
 // The snapshot loop takes a snapshot for the purpose ("reclaim") when the
 // disk is under its floor and the state is sparse.
@@ -41,6 +44,9 @@ const (
 	compactSuffix       = ".compact"
 	// compactTxBytes bounds one write transaction of the copy.
 	compactTxBytes = 64 << 20
+	// compactStallMax is the most live data compacted while applies wait,
+	// unless the disk is low: about 6 s here (BenchmarkSnapshotCompact).
+	compactStallMax = 256 << 20
 )
 
 // spaceStats reports fsm.db's size in bytes (what a snapshot of it
@@ -71,20 +77,23 @@ func (f *FSM) Sparse() bool { return sparse(f.spaceStats()) }
 // taken from a compacted copy). The compaction itself needs no more: it
 // writes the live pages to a new file and the old file's space is
 // returned before the snapshot is written.
+// A sparse state with more live data than compactStallMax is counted
+// whole: it is compacted at a snapshot only once the disk is low.
 func (f *FSM) NextSnapshotSize() uint64 {
 	size, free := f.spaceStats()
-	if sparse(size, free) {
+	if sparse(size, free) && size-free <= compactStallMax {
 		return uint64(size - free)
 	}
 	return uint64(size)
 }
 
-// compactIfSparse compacts fsm.db when it is sparse. It must be called
-// where no write transaction can start (at open, or on raft's FSM
-// goroutine). A failure (no room for the copy) leaves fsm.db as it was.
-func (f *FSM) compactIfSparse() {
+// compactIfSparse compacts fsm.db when it is sparse, and its live data at
+// most compactStallMax unless force. It must be called where no write
+// transaction can start (at open, or on raft's FSM goroutine). A failure
+// (no room for the copy) leaves fsm.db as it was.
+func (f *FSM) compactIfSparse(force bool) {
 	size, free := f.spaceStats()
-	if !sparse(size, free) {
+	if !sparse(size, free) || (size-free > compactStallMax && !force) {
 		return
 	}
 	start := time.Now()

@@ -150,7 +150,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.FSM = fsm
 	removeCompactLeftover(fsm.path)
-	fsm.compactIfSparse()                       // compact.go
+	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
 	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally

@@ -48,6 +48,7 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 			continue
 		}
 		n.boundTrailingLogs()
+		n.FSM.reclaim.Store(why == "reclaim")
 		start := time.Now()
 		err := n.Raft.Snapshot().Error()
 		switch {
