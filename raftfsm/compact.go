@@ -30,7 +30,9 @@ import (
 //     restoring it gets a compacted fsm.db.
 //
 // The snapshot loop takes a snapshot for the purpose ("reclaim") when the
-// disk is under its floor and the state is sparse.
+// disk is under its floor and the state is sparse; that snapshot keeps
+// only a few log entries behind it, and once it is taken the older
+// snapshots (raft keeps two; the older is the large one) are removed.
 //
 // Durability: the copy is written to fsm.db.compact, fsynced, closed,
 // renamed over fsm.db and the directory fsynced, the same way Restore
@@ -45,7 +47,8 @@ const (
 	// compactTxBytes bounds one write transaction of the copy.
 	compactTxBytes = 64 << 20
 	// compactStallMax is the most live data compacted while applies wait,
-	// unless the disk is low: about 6 s here (BenchmarkSnapshotCompact).
+	// unless the disk is low: 3 to 6 s here (BenchmarkSnapshotCompact,
+	// docs/performance.md).
 	compactStallMax = 256 << 20
 )
 
@@ -174,4 +177,26 @@ func writeCompactCopy(src *bolt.DB, path string) error {
 // removeCompactLeftover removes a copy a crash left behind.
 func removeCompactLeftover(path string) {
 	_ = os.Remove(path + compactSuffix)
+}
+
+// dropOlderSnapshots removes every snapshot but the latest: after a
+// reclaim snapshot the older one is a copy of the state from before the
+// trims and deletes, which raft would keep until the next snapshot. The
+// latest is all raft reads, at start or to send to a follower.
+func (n *Node) dropOlderSnapshots() {
+	metas, err := n.snaps.List()
+	if err != nil || len(metas) < 2 {
+		return
+	}
+	dir := filepath.Join(n.cfg.DataDir, "snapshots", "snapshots") // raft.FileSnapshotStore's layout
+	for _, m := range metas[1:] {
+		if err := os.RemoveAll(filepath.Join(dir, m.ID)); err != nil {
+			n.logger.Warn("removing an older snapshot to give space back", "id", m.ID, "err", err)
+			continue
+		}
+		n.logger.Info("older snapshot removed to give space back", "id", m.ID, "size", m.Size)
+	}
+	if err := syncDir(dir); err != nil {
+		n.logger.Warn("sync of the snapshot dir", "err", err)
+	}
 }

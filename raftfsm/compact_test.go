@@ -120,7 +120,7 @@ func BenchmarkSnapshotCompact(b *testing.B) {
 				copyOnce(b, compact)
 			}
 			st, _ := os.Stat(filepath.Join(dir, "copy"))
-			b.ReportMetric((cpuTime() - cpu0).Seconds()/float64(b.N), "cpu-s/op")
+			b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 			b.ReportMetric(float64(size)/(1<<20), "state-MiB")
 			b.ReportMetric(float64(free)/(1<<20), "free-MiB")
 			b.ReportMetric(float64(st.Size())/(1<<20), "copy-MiB")

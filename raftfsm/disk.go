@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -155,6 +156,16 @@ func (g *diskGuard) isLow(size int) bool {
 	return g.low.Load()
 }
 
+// lowNow reads free space afresh (unless another caller is) and reports
+// whether it is under the threshold: a member's status answer, which the
+// leader probes every probeEvery and refuses writes by, so that the
+// leader learns of a follower getting low within one probe rather than
+// one probe plus diskRefresh.
+func (g *diskGuard) lowNow() bool {
+	g.refresh(time.Now())
+	return g.low.Load()
+}
+
 func (g *diskGuard) refresh(now time.Time) {
 	if !g.mu.TryLock() {
 		return // another caller is reading it
@@ -198,7 +209,69 @@ func (n *Node) CheckDisk(size int) error {
 	if id, _ := n.lowMember.Load().(string); id != "" {
 		return fmt.Errorf("%w: member %s has less free space on its data dir than its --min-free-disk; consumption still works", ErrInsufficientStorage, id)
 	}
+	if id, over := n.memberDisk.admit(size); over {
+		return fmt.Errorf("%w: member %s may be under its --min-free-disk by now (what was admitted since its last status uses up its margin); consumption still works", ErrInsufficientStorage, id)
+	}
 	return nil
+}
+
+// memberMargin is what the leader knows of the other members' free space
+// between two probes: the least margin over its floor one reported
+// (free minus what it keeps), and the bytes admitted since, counted four
+// times as the node counts its own (log, state, next snapshot). A write
+// that would use up that margin is refused until the next probe round, so
+// a fast writer cannot run a follower's disk full in the half second
+// before its status says disk_low.
+type memberMargin struct {
+	mu       sync.Mutex
+	id       string
+	margin   uint64 // math.MaxUint64: no member reported one
+	admitted atomic.Uint64
+	known    atomic.Bool
+}
+
+// marginRound collects the members' margins of one probe round.
+type marginRound struct {
+	id     string
+	margin uint64
+}
+
+func newMarginRound() *marginRound { return &marginRound{margin: math.MaxUint64} }
+
+func (r *marginRound) add(id string, st Status) {
+	if st.DiskKeep == 0 {
+		return // check off, or a binary that does not report it
+	}
+	m := uint64(0)
+	if st.DiskFree > st.DiskKeep {
+		m = st.DiskFree - st.DiskKeep
+	}
+	if m < r.margin {
+		r.id, r.margin = id, m
+	}
+}
+
+func (m *memberMargin) set(r *marginRound) {
+	m.mu.Lock()
+	m.id, m.margin = r.id, r.margin
+	m.admitted.Store(0)
+	m.mu.Unlock()
+	m.known.Store(true)
+}
+
+// admit counts size bytes and reports whether they would use up the least
+// member margin, and whose it is.
+func (m *memberMargin) admit(size int) (string, bool) {
+	if !m.known.Load() || size == 0 {
+		return "", false
+	}
+	used := m.admitted.Add(4 * uint64(size))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.margin == math.MaxUint64 || used <= m.margin {
+		return "", false
+	}
+	return m.id, true
 }
 
 func (g *diskGuard) collectors() []prometheus.Collector {

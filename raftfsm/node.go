@@ -87,6 +87,7 @@ type Node struct {
 	clock      *clock
 	peers      peers
 	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or ""
+	memberDisk memberMargin // the least margin over its floor a member reported (disk.go)
 	raftDown   sync.Map     // ids of the peers this leader's heartbeats fail to reach
 	handoff    atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
 	inflight   atomic.Int64 // proposals between enter and leave

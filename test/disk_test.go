@@ -480,23 +480,24 @@ func TestDiskFreedWritesResume(t *testing.T) {
 // for good.
 func TestFollowerDiskFreedStopsBlocking(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3, withTmpfs(t, 192<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))
+	c := tc.Start(t, 3, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))
 	ctx := ctxFor(t, 300*time.Second)
 	leader, followers := mustRoles(t, c)
 	f := followers[0]
 	mustTopic(t, leader, "big", map[string]any{"max_message_bytes": 1 << 20})
 	mustTopic(t, leader, "small", nil)
-	// A ballast makes this follower the first member to get low.
+	// A ballast of nearly half its volume makes this follower the first
+	// member to get low.
 	ballast, err := os.Create(filepath.Join(f.DataDir(), "ballast"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Fallocate(int(ballast.Fd()), 0, 0, 40<<20); err != nil {
+	if err := syscall.Fallocate(int(ballast.Fd()), 0, 0, 112<<20); err != nil {
 		t.Fatalf("fallocate: %v", err)
 	}
 	ballast.Close()
 	acked, r := fillTo507(ctx, t, leader, "big")
-	if !strings.Contains(string(r.Body), f.ID()) {
+	if !strings.Contains(string(r.Body), "member "+f.ID()) {
 		t.Fatalf("507 does not name the follower %s: %s", f.ID(), r.Body)
 	}
 	emptyAndDelete(ctx, t, leader, "big", acked)
