@@ -78,3 +78,34 @@ func TestWalSegmentFor(t *testing.T) {
 		}
 	}
 }
+
+// The leader counts what it admits between two probe rounds against the
+// least margin a member reported, four times over, and starts again at
+// each round.
+func TestMemberMargin(t *testing.T) {
+	var m memberMargin
+	if _, over := m.admit(1 << 30); over {
+		t.Fatal("refused before any probe round")
+	}
+	r := newMarginRound()
+	r.add("a", Status{DiskFree: 100 << 20, DiskKeep: 60 << 20}) // 40 MiB margin
+	r.add("b", Status{DiskFree: 100 << 20, DiskKeep: 90 << 20}) // 10 MiB
+	r.add("c", Status{DiskFree: 5 << 20})                       // no floor reported: ignored
+	m.set(r)
+	if _, over := m.admit(2 << 20); over { // 8 MiB counted
+		t.Fatal("refused within the margin")
+	}
+	if id, over := m.admit(1 << 20); !over || id != "b" { // 12 MiB counted
+		t.Fatalf("admit past the least margin: %q %v, want b refused", id, over)
+	}
+	m.set(newMarginRound()) // a round where nobody reported a floor
+	if _, over := m.admit(1 << 30); over {
+		t.Fatal("refused with no member margin known")
+	}
+	r = newMarginRound()
+	r.add("a", Status{DiskFree: 50, DiskKeep: 60}) // under its floor: margin 0
+	m.set(r)
+	if _, over := m.admit(1); !over {
+		t.Fatal("admitted with a member at its floor")
+	}
+}
