@@ -51,6 +51,8 @@ func memSampler(pid int) (stop func() (anon, file int64)) {
 // A follower whose data dir was wiped catches up from a leader holding
 // MQD_CATCHUP_MB (default 128) MiB of messages — a snapshot, then the log
 // after it — with its anonymous resident memory under catchUpRSSBound.
+// They are published as 1 MiB batches (entries of 1 MiB), or, with
+// MQD_CATCHUP_SINGLE set, one 64 KiB message at a time.
 // The measurement and its scaling are in docs/reliability.md.
 func TestCatchUpBoundedMemory(t *testing.T) {
 	mb := 128
@@ -66,7 +68,14 @@ func TestCatchUpBoundedMemory(t *testing.T) {
 	for i := range batch {
 		batch[i] = map[string]any{"value": val}
 	}
+	single := os.Getenv("MQD_CATCHUP_SINGLE") != "" // 64 KiB publishes: entries of 64 KiB
 	for i := 0; i < mb; i++ {
+		if single {
+			for range batch {
+				mustPublish(t, leader, "bulk", val, nil)
+			}
+			continue
+		}
 		r, err := leader.Do(ctx, http.MethodPost, "/v1/topics/bulk/messages:batch", map[string]any{"messages": batch}, nil)
 		if err != nil || r.Status != 200 {
 			t.Fatalf("batch %d: %v %v", i, r, err)
