@@ -121,26 +121,36 @@ func (f *FSM) compact() error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.db.Close(); err != nil {
-		return fmt.Errorf("compact: close: %w", err)
+	err := f.db.Close()
+	if err == nil {
+		err = os.Rename(tmp, f.path)
 	}
-	if err := os.Rename(tmp, f.path); err != nil {
+	if err != nil {
 		// The old file is still in place: reopen it.
+		_ = os.Remove(tmp)
 		db, oerr := openDB(f.path)
 		if oerr != nil {
-			return fmt.Errorf("compact rename: %w; reopen: %w", err, oerr)
+			stopOnStorageError(f.logger, f.applied.Load(), fmt.Errorf("compact: %w; reopen: %w", err, oerr))
+			return oerr
 		}
 		f.db = db
-		return fmt.Errorf("compact rename: %w", err)
-	}
-	if err := syncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
+	// Either file holds the same state at the same applied index: a
+	// failed directory sync leaves which one a power loss keeps open, and
+	// the node goes on with the new one.
+	serr := syncDir(filepath.Dir(f.path))
 	db, err := openDB(f.path)
 	if err != nil {
+		// No state machine to apply to: stop as for any write it cannot
+		// take (the log holds every committed entry).
+		stopOnStorageError(f.logger, f.applied.Load(), fmt.Errorf("compact: reopen: %w", err))
 		return err
 	}
 	f.db = db
+	if serr != nil {
+		return fmt.Errorf("compact: sync dir (the compacted file is in use): %w", serr)
+	}
 	return nil
 }
 
