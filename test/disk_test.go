@@ -388,31 +388,47 @@ func diskMetric(ctx context.Context, t *testing.T, n *tc.Node, name string) floa
 	return v
 }
 
-// The free-disk floor counts the node's own next snapshot: filling a
-// 256 MiB volume with --min-free-disk 32MiB until 507, with snapshots
-// taken all along (--snapshot-interval 1s) and after, never takes free
-// space under the 32 MiB. Before, the floor counted one 64 MiB wal
-// segment only, and a 72 MB snapshot took free space from 96 to 24 MiB or
-// to 0 ("failed to take snapshot: no space left on device").
+// The free-disk floor counts the node's own next snapshot: a 256 MiB volume
+// with --min-free-disk 32MiB is filled until 507 with no snapshot taken
+// (--snapshot-interval 1h), then the node restarts with snapshots on (1s)
+// and takes one of the whole state at once (the log since the last
+// snapshot is the whole state); free space, sampled every 2 ms across it
+// all, never goes under the 32 MiB. Before, the floor counted one 64 MiB
+// wal segment only, and the node's own snapshot took free space from
+// 96 MiB to 24 or to 0 ("failed to take snapshot: no space left on
+// device").
 func TestDiskFloorCountsSnapshot(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1s"))
+	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1h"))
 	n := c.Node(0)
 	ctx := ctxFor(t, 180*time.Second)
 	mustTopic(t, n, "floor", map[string]any{"max_message_bytes": 1 << 20})
 	stop := minFreeSampler(t, n.DataDir())
 	acked, _ := fillTo507(ctx, t, n, "floor")
-	// A snapshot is due once the log since the last holds half the state:
-	// wait for one taken after the disk got low.
-	before := diskMetric(ctx, t, n, "mqd_raft_snapshots_total")
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	args := n.Args()
+	for i, a := range args {
+		if a == "1h" {
+			args[i] = "1s"
+		}
+	}
+	n.SetArgs(args)
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_ = waitMetric(wctx, n, "mqd_raft_snapshots_total", func(v float64) bool { return v > before })
+	if err := waitMetric(wctx, n, "mqd_raft_snapshots_total", func(v float64) bool { return v > 0 }); err != nil {
+		t.Fatalf("no snapshot after the restart: %v", err)
+	}
 	least := stop()
-	snaps := diskMetric(ctx, t, n, "mqd_raft_snapshots_total")
-	t.Logf("%d acknowledged; %v snapshots; least free %d MiB", acked, snaps, least>>20)
-	if b := diskMetric(ctx, t, n, "mqd_raft_snapshot_bytes"); b < 32<<20 {
-		t.Fatalf("latest snapshot %v bytes: none of a nearly full state was taken, the test did not exercise the case", b)
+	size := diskMetric(ctx, t, n, "mqd_raft_snapshot_bytes")
+	t.Logf("%d acknowledged; snapshot of %.0f MiB; least free %d MiB", acked, size/(1<<20), least>>20)
+	if size < 32<<20 {
+		t.Fatalf("snapshot of %v bytes: not the nearly full state, the test did not exercise the case", size)
 	}
 	if least < 32<<20 {
 		t.Fatalf("free space went down to %d bytes, under --min-free-disk 32MiB", least)
