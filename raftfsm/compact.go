@@ -47,7 +47,7 @@ const (
 	// compactTxBytes bounds one write transaction of the copy.
 	compactTxBytes = 64 << 20
 	// compactStallMax is the most live data compacted while applies wait,
-	// unless the disk is low: 3 to 6 s here (BenchmarkSnapshotCompact,
+	// unless the disk is low: 2 to 6 s here (BenchmarkSnapshotCompact,
 	// docs/performance.md).
 	compactStallMax = 256 << 20
 )
