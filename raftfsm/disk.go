@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -86,8 +87,10 @@ const diskRefresh = time.Second
 // diskGuard answers "is there room for more data" from a statfs of the
 // data dir at most diskRefresh old, so the check costs a publish a few
 // atomic operations. Between readings it counts the bytes it admitted
-// (twice: the raft log and the state both store them) and reads again as
-// soon as they may have used up the margin over the threshold, so a fast
+// (twice: the raft log and the state both store them; four times once
+// the next snapshot is counted too, which grows with the state, and the
+// state takes up to 1.34 bytes per payload byte) and reads again as soon
+// as they may have used up the margin over the threshold, so a fast
 // writer cannot run the disk full within one refresh interval.
 type diskGuard struct {
 	dir    string
@@ -98,15 +101,31 @@ type diskGuard struct {
 	checked  atomic.Int64
 	free     atomic.Uint64
 	need     atomic.Uint64
-	admitted atomic.Uint64 // bytes admitted since the last reading, times two
+	admitted atomic.Uint64 // bytes admitted since the last reading, times perByte
+	perByte  atomic.Uint64 // disk bytes to count per byte admitted
 	low      atomic.Bool
 	extra    atomic.Uint64 // kept free on top of the threshold (reserve)
+	// snapshot, once set, is about the bytes the node's next snapshot
+	// writes (FSM.NextSnapshotSize), kept free on top of the rest.
+	snapshot atomic.Pointer[func() uint64]
+}
+
+// countSnapshots keeps the next snapshot's size free too (unless the
+// check is off): a snapshot is written by the node itself, whatever it
+// refuses, and one that fills the disk fails and leaves the log growing.
+func (g *diskGuard) countSnapshots(size func() uint64) {
+	if g.min.Percent >= 0 {
+		g.snapshot.Store(&size)
+		g.perByte.Store(4)
+	}
+	g.checked.Store(0)
 }
 
 // reserve keeps size bytes free on top of the threshold (unless the check
 // is off): room for the next raft-wal segment, which is preallocated whole
 // when the current one is full, so that acks and other small writes can
-// still be logged once publishes are refused.
+// still be logged once publishes are refused, and the copy that
+// compaction or a snapshot needs (countSnapshots).
 func (g *diskGuard) reserve(size uint64) {
 	if g.min.Percent >= 0 {
 		g.extra.Store(size)
@@ -116,6 +135,7 @@ func (g *diskGuard) reserve(size uint64) {
 
 func newDiskGuard(dir string, min MinFree, logger *slog.Logger) *diskGuard {
 	g := &diskGuard{dir: dir, min: min, logger: logger}
+	g.perByte.Store(2)
 	g.refresh(time.Now())
 	return g
 }
@@ -126,7 +146,7 @@ func (g *diskGuard) isLow(size int) bool {
 	now := time.Now()
 	stale := now.UnixNano()-g.checked.Load() > int64(diskRefresh)
 	if !g.low.Load() {
-		used := g.admitted.Add(2 * uint64(size))
+		used := g.admitted.Add(g.perByte.Load() * uint64(size))
 		free, need := g.free.Load(), g.need.Load()
 		stale = stale || free < need || used > free-need
 	}
@@ -136,19 +156,31 @@ func (g *diskGuard) isLow(size int) bool {
 	return g.low.Load()
 }
 
+// lowNow reads free space afresh (unless another caller is) and reports
+// whether it is under the threshold: a member's status answer, which the
+// leader probes every probeEvery and refuses writes by, so that the
+// leader learns of a follower getting low within one probe rather than
+// one probe plus diskRefresh.
+func (g *diskGuard) lowNow() bool {
+	g.refresh(time.Now())
+	return g.low.Load()
+}
+
 func (g *diskGuard) refresh(now time.Time) {
 	if !g.mu.TryLock() {
 		return // another caller is reading it
 	}
 	defer g.mu.Unlock()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(g.dir, &st); err != nil {
+	free, total, err := fsSpace(g.dir)
+	if err != nil {
 		g.logger.Warn("statfs of the data dir", "dir", g.dir, "err", err)
 		g.checked.Store(now.UnixNano())
 		return
 	}
-	free, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
 	need := g.min.threshold(total) + g.extra.Load()
+	if fn := g.snapshot.Load(); fn != nil {
+		need += (*fn)()
+	}
 	g.free.Store(free)
 	g.need.Store(need)
 	g.admitted.Store(0)
@@ -171,13 +203,75 @@ func (g *diskGuard) refresh(now time.Time) {
 // not.
 func (n *Node) CheckDisk(size int) error {
 	if n.disk.isLow(size) {
-		return fmt.Errorf("%w: node %s has %d bytes free on its data dir's filesystem, under its --min-free-disk (%d bytes); consumption still works",
+		return fmt.Errorf("%w: node %s has %d bytes free on its data dir's filesystem, under the %d bytes it keeps free (--min-free-disk, a raft-wal segment and its next snapshot); consumption still works",
 			ErrInsufficientStorage, n.cfg.ID, n.disk.free.Load(), n.disk.need.Load())
 	}
 	if id, _ := n.lowMember.Load().(string); id != "" {
 		return fmt.Errorf("%w: member %s has less free space on its data dir than its --min-free-disk; consumption still works", ErrInsufficientStorage, id)
 	}
+	if id, over := n.memberDisk.admit(size); over {
+		return fmt.Errorf("%w: member %s may be under its --min-free-disk by now (what was admitted since its last status uses up its margin); consumption still works", ErrInsufficientStorage, id)
+	}
 	return nil
+}
+
+// memberMargin is what the leader knows of the other members' free space
+// between two probes: the least margin over its floor one reported
+// (free minus what it keeps), and the bytes admitted since, counted four
+// times as the node counts its own (log, state, next snapshot). A write
+// that would use up that margin is refused until the next probe round, so
+// a fast writer cannot run a follower's disk full in the half second
+// before its status says disk_low.
+type memberMargin struct {
+	mu       sync.Mutex
+	id       string
+	margin   uint64 // math.MaxUint64: no member reported one
+	admitted atomic.Uint64
+	known    atomic.Bool
+}
+
+// marginRound collects the members' margins of one probe round.
+type marginRound struct {
+	id     string
+	margin uint64
+}
+
+func newMarginRound() *marginRound { return &marginRound{margin: math.MaxUint64} }
+
+func (r *marginRound) add(id string, st Status) {
+	if st.DiskKeep == 0 {
+		return // check off, or a binary that does not report it
+	}
+	m := uint64(0)
+	if st.DiskFree > st.DiskKeep {
+		m = st.DiskFree - st.DiskKeep
+	}
+	if m < r.margin {
+		r.id, r.margin = id, m
+	}
+}
+
+func (m *memberMargin) set(r *marginRound) {
+	m.mu.Lock()
+	m.id, m.margin = r.id, r.margin
+	m.admitted.Store(0)
+	m.mu.Unlock()
+	m.known.Store(true)
+}
+
+// admit counts size bytes and reports whether they would use up the least
+// member margin, and whose it is.
+func (m *memberMargin) admit(size int) (string, bool) {
+	if !m.known.Load() || size == 0 {
+		return "", false
+	}
+	used := m.admitted.Add(4 * uint64(size))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.margin == math.MaxUint64 || used <= m.margin {
+		return "", false
+	}
+	return m.id, true
 }
 
 func (g *diskGuard) collectors() []prometheus.Collector {
@@ -186,9 +280,75 @@ func (g *diskGuard) collectors() []prometheus.Collector {
 			Help: "Free bytes on the data dir's filesystem (at most 1 s old)."},
 			func() float64 { _ = g.isLow(0); return float64(g.free.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_disk_min_free_bytes",
-			Help: "--min-free-disk in bytes: under it, writes that add data answer 507."},
+			Help: "Free bytes the node keeps: --min-free-disk, plus one raft-wal segment and the next snapshot's size; under it, writes that add data answer 507."},
 			func() float64 { _ = g.isLow(0); return float64(g.need.Load()) }),
 	}
+}
+
+// raft-wal segment sizes: raft-wal preallocates each segment whole, so a
+// segment must fit the data dir's filesystem many times over.
+const (
+	walSegmentMax = 64 << 20 // raft-wal's default, on a filesystem of 1 GiB or more
+	walSegmentMin = 1 << 20
+	// walSegmentsPerFS: a segment is at most this fraction of the
+	// filesystem's size.
+	walSegmentsPerFS = 16
+	// startSlack is the room a new node needs besides its first segment:
+	// fsm.db, raft.db and wal-meta.db as bbolt creates them.
+	startSlack = 1 << 20
+)
+
+// walSegmentFor sizes raft-wal's segments to a filesystem of total bytes:
+// 64 MiB, halved while that is more than a 16th of the filesystem, at
+// least 1 MiB (64 MiB volume: 4 MiB; 256 MiB: 16 MiB). An entry larger
+// than a segment is still written whole (raft-wal lets the segment run
+// over). The size is recorded in each segment, so a data dir moved to
+// another volume keeps its segments and sizes new ones anew.
+func walSegmentFor(total uint64) int {
+	seg := uint64(walSegmentMax)
+	for seg > walSegmentMin && seg*walSegmentsPerFS > total {
+		seg /= 2
+	}
+	return int(seg)
+}
+
+// fsSpace reads the free and total bytes of the filesystem holding dir.
+func fsSpace(dir string) (free, total uint64, err error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
+}
+
+// walSegmentSize is the segment size for the data dir's filesystem
+// (walSegmentMax if it cannot be read).
+func walSegmentSize(dir string) int {
+	_, total, err := fsSpace(dir)
+	if err != nil {
+		return walSegmentMax
+	}
+	return walSegmentFor(total)
+}
+
+// checkStartSpace refuses to create a new node in dir when its filesystem
+// cannot hold what the first start writes: one raft-wal segment (with the
+// wal store) and the state files. A node with state starts on any free
+// space, a full disk included, and serves reads.
+func checkStartSpace(dir, logStore string) error {
+	free, total, err := fsSpace(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	need := uint64(startSlack)
+	if logStore == LogStoreWAL {
+		need += uint64(walSegmentFor(total))
+	}
+	if free < need {
+		return fmt.Errorf("data dir %s: its filesystem has %d bytes free (of %d); a new node needs at least %d: %d for its first raft-wal segment (a 16th of the filesystem, 1 to 64 MiB) and %d for its state files",
+			dir, free, total, need, need-startSlack, uint64(startSlack))
+	}
+	return nil
 }
 
 // exit ends the process; a variable so that a test can see the call.

@@ -67,3 +67,47 @@ func TestStorageErrorStops(t *testing.T) {
 }
 
 var errStopped = errors.New("stopped")
+
+// raft-wal's segments are a 16th of the filesystem at most, between 1 and
+// 64 MiB.
+func TestWalSegmentFor(t *testing.T) {
+	for _, c := range []struct{ total, want uint64 }{
+		{64 << 20, 4 << 20}, {256 << 20, 16 << 20}, {1 << 30, 64 << 20}, {1 << 40, 64 << 20},
+		{8 << 20, 1 << 20}, {0, 1 << 20}, {300 << 20, 16 << 20},
+	} {
+		if got := walSegmentFor(c.total); uint64(got) != c.want {
+			t.Errorf("walSegmentFor(%d) = %d, want %d", c.total, got, c.want)
+		}
+	}
+}
+
+// The leader counts what it admits between two probe rounds against the
+// least margin a member reported, four times over, and starts again at
+// each round.
+func TestMemberMargin(t *testing.T) {
+	var m memberMargin
+	if _, over := m.admit(1 << 30); over {
+		t.Fatal("refused before any probe round")
+	}
+	r := newMarginRound()
+	r.add("a", Status{DiskFree: 100 << 20, DiskKeep: 60 << 20}) // 40 MiB margin
+	r.add("b", Status{DiskFree: 100 << 20, DiskKeep: 90 << 20}) // 10 MiB
+	r.add("c", Status{DiskFree: 5 << 20})                       // no floor reported: ignored
+	m.set(r)
+	if _, over := m.admit(2 << 20); over { // 8 MiB counted
+		t.Fatal("refused within the margin")
+	}
+	if id, over := m.admit(1 << 20); !over || id != "b" { // 12 MiB counted
+		t.Fatalf("admit past the least margin: %q %v, want b refused", id, over)
+	}
+	m.set(newMarginRound()) // a round where nobody reported a floor
+	if _, over := m.admit(1 << 30); over {
+		t.Fatal("refused with no member margin known")
+	}
+	r = newMarginRound()
+	r.add("a", Status{DiskFree: 50, DiskKeep: 60}) // under its floor: margin 0
+	m.set(r)
+	if _, over := m.admit(1); !over {
+		t.Fatal("admitted with a member at its floor")
+	}
+}

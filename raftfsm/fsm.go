@@ -163,6 +163,9 @@ type FSM struct {
 	seenBytes atomic.Uint64
 	snapBytes atomic.Uint64
 	restores  atomic.Uint64
+	// reclaim: the next snapshot is taken to give space back to a low
+	// disk, and compacts a sparse state whatever its size (compact.go).
+	reclaim atomic.Bool
 	// leaseWaiters counts this node's proposers waiting for a lease's
 	// result. While there is none (always on a follower) a lease's result
 	// carries no messages: nobody would read them.
@@ -578,6 +581,7 @@ func (f *FSM) nodeAddrs() map[string]NodeInfo {
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
+	f.compactIfSparse(f.reclaim.Load())   // a safe point: compact.go
 	f.mu.RLock()
 	// The snapshot's index becomes a checkpoint: after an unclean stop,
 	// raft replays from the latest snapshot, which fsm.db then covers.

@@ -32,16 +32,25 @@ type Status struct {
 	// DiskLow: the node's data dir has less free space than its
 	// --min-free-disk; the leader then refuses writes that add data.
 	DiskLow bool `json:"disk_low"`
+	// DiskFree and DiskKeep: the free bytes on the node's data dir and
+	// what it keeps free (its floor); the leader counts the bytes it
+	// admits between two probes against the least margin (disk.go).
+	DiskFree uint64 `json:"disk_free,omitempty"`
+	DiskKeep uint64 `json:"disk_keep,omitempty"`
 }
 
 // Status reports this node's membership state.
 func (n *Node) Status() Status {
 	servers, _ := n.Servers()
 	_, _, known := n.Leader()
-	return Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
+	st := Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
 		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
-		DiskLow: n.disk.isLow(0)}
+		DiskLow: n.disk.lowNow(), DiskKeep: n.disk.need.Load()}
+	if st.DiskKeep > 0 {
+		st.DiskFree = n.disk.free.Load()
+	}
+	return st
 }
 
 // Form brings the node into a cluster and returns when its address is

@@ -34,11 +34,12 @@ const (
 const (
 	raftDBFile = "raft.db" // raft-boltdb: always the stable store; the log too with LogStoreBolt
 	walDir     = "wal"     // raft-wal's segments and its wal-meta.db
-	// walSegmentSize is raft-wal's default, 64 MiB. An entry holds at most
-	// one group-commit batch (a few MiB), so a segment holds many, and
-	// truncation after a snapshot frees 64 MiB at a time.
-	walSegmentSize = 64 << 20
 )
+
+// raft-wal's segments are sized to the data dir's filesystem
+// (walSegmentFor, disk.go): raft-wal's default, 64 MiB, on 1 GiB or more.
+// An entry holds at most one group-commit batch (a few MiB), so a segment
+// holds many, and truncation after a snapshot frees a segment at a time.
 
 // detectLogStore returns the log store a data dir was created with: a wal
 // directory means raft-wal; raft.db alone means raft-boltdb held the log
@@ -92,7 +93,7 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 		// open, so a WAL reopened in the same process would wait for the
 		// lock forever: the node owns the meta store and closes it itself.
 		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(wdir, wal.WithSegmentSize(walSegmentSize), wal.WithLogger(hlog.Named("wal")),
+		w, err := wal.Open(wdir, wal.WithSegmentSize(walSegmentSize(dir)), wal.WithLogger(hlog.Named("wal")),
 			wal.WithMetaStore(meta), wal.WithSegmentFiler(truncatedTailFiler{segment.NewFiler(wdir, walfs.New())}))
 		if err != nil {
 			_ = meta.Close()

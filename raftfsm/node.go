@@ -92,6 +92,7 @@ type Node struct {
 	clockStart startClock // timeline.go
 	peers      peers
 	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or ""
+	memberDisk memberMargin // the least margin over its floor a member reported (disk.go)
 	raftDown   sync.Map     // ids of the peers this leader's heartbeats fail to reach
 	handoff    atomic.Bool  // graceful stop: leadership is being handed off (handoff.go)
 	inflight   atomic.Int64 // proposals between enter and leave
@@ -118,7 +119,8 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if _, existing, err := detectLogStore(cfg.DataDir); err != nil || !existing {
+	_, existing, err := detectLogStore(cfg.DataDir)
+	if err != nil || !existing {
 		if err == nil {
 			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
 		}
@@ -132,6 +134,12 @@ func Open(cfg Config) (*Node, error) {
 	lock, err := lockDataDir(cfg.DataDir) // before any other file of the dir
 	if err != nil {
 		return nil, err
+	}
+	if !existing {
+		if err := checkStartSpace(cfg.DataDir, cfg.RaftLog); err != nil { // disk.go
+			lock.release()
+			return nil, err
+		}
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock, metrics: newNodeMetrics()}
 	n.ready.hc = n.peerClient(readyAsk)
@@ -177,6 +185,9 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = fsm
+	removeCompactLeftover(fsm.path)
+	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
+	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
 	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
 	fsm.OnRecovery(n.metrics.recovery)
 	n.metrics.applied = fsm.AppliedIndex
@@ -185,7 +196,7 @@ func Open(cfg Config) (*Node, error) {
 	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
 	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
 	if n.stores.kind == LogStoreWAL {
-		n.disk.reserve(walSegmentSize) // raft-wal preallocates each segment whole
+		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
 	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again. A state machine opened as it

@@ -47,7 +47,9 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		if !due {
 			continue
 		}
-		n.boundTrailingLogs()
+		reclaim := why == "reclaim"
+		n.boundTrailingLogs(reclaim)
+		n.FSM.reclaim.Store(reclaim)
 		start := time.Now()
 		err := n.Raft.Snapshot().Error()
 		switch {
@@ -68,6 +70,9 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 			}
 			n.logger.Info("snapshot taken", "why", why, "took", time.Since(start).Round(time.Millisecond),
 				"index", n.LastSnapshotIndex())
+			if reclaim {
+				n.dropOlderSnapshots() // compact.go
+			}
 		}
 	}
 }
@@ -83,13 +88,19 @@ const trailingBytesFloor = 64 << 20
 // a follower that fell a little behind catch up from the log rather than a
 // whole snapshot; counted in entries alone, 10240 batch-publish entries of
 // 1 MiB would keep 10 GiB of log on disk.
-func (n *Node) boundTrailingLogs() {
+//
+// A snapshot taken to give space back to a low disk (reclaim) keeps only
+// trailingEntriesFloor entries: the log behind it is space too.
+func (n *Node) boundTrailingLogs(reclaim bool) {
 	applied, last := n.FSM.AppliedIndex(), n.LastSnapshotIndex()
 	var entries uint64
 	if applied > last {
 		entries = applied - last
 	}
 	keep := trailingKeep(n.cfg.TrailingLogs, uint64(n.FSM.Size()), n.FSM.BytesSinceSnapshot(), entries)
+	if reclaim {
+		keep = min(n.cfg.TrailingLogs, trailingEntriesFloor)
+	}
 	rc := n.Raft.ReloadableConfig()
 	if rc.TrailingLogs == keep {
 		return
@@ -123,6 +134,9 @@ func (n *Node) snapshotDue() (bool, string) {
 	applied, last := n.FSM.AppliedIndex(), n.LastSnapshotIndex()
 	if applied <= last {
 		return false, ""
+	}
+	if n.disk.low.Load() && n.FSM.Sparse() {
+		return true, "reclaim" // the snapshot compacts the state first (compact.go)
 	}
 	size, since := n.FSM.Size(), n.FSM.BytesSinceSnapshot()
 	if since >= uint64(max(size, snapshotRatioFloor))/snapshotRatio {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -80,8 +81,9 @@ func expectCode(t *testing.T, what string, r *tc.Response, err error, status int
 // updates keep working; once space returns, writes resume by themselves.
 func TestDiskLowRefusesWrites(t *testing.T) {
 	t.Parallel()
-	// 256 MiB: raft-wal preallocates 64 MiB segments. The node keeps
-	// 16 MiB plus one segment (64 MiB) free.
+	// 256 MiB: raft-wal preallocates 16 MiB segments there (a 16th of
+	// the volume). The node keeps 16 MiB, one segment and its next
+	// snapshot (under 1 MiB here) free.
 	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB"))
 	n := c.Node(0)
 	ctx := ctxFor(t, 90*time.Second)
@@ -108,13 +110,14 @@ func TestDiskLowRefusesWrites(t *testing.T) {
 		receipts = append(receipts, m.Receipt)
 	}
 
-	// Fill the filesystem to 40 MiB free, under the 80 MiB kept free.
+	// Fill the filesystem to 20 MiB free, under the 32 MiB and more kept
+	// free.
 	ballast := filepath.Join(n.DataDir(), "ballast")
 	f, err := os.Create(ballast)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, n.DataDir())-40<<20); err != nil {
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, n.DataDir())-20<<20); err != nil {
 		t.Fatalf("fallocate: %v", err)
 	}
 	f.Close()
@@ -122,7 +125,7 @@ func TestDiskLowRefusesWrites(t *testing.T) {
 	// The node reads free space at most 1 s late: wait until it has.
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := waitMetric(wctx, n, "mqd_disk_free_bytes", func(v float64) bool { return v < 48<<20 }); err != nil {
+	if err := waitMetric(wctx, n, "mqd_disk_free_bytes", func(v float64) bool { return v < 28<<20 }); err != nil {
 		t.Fatal(err)
 	}
 	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/disk/messages", "refused", map[string]string{"Idempotency-Key": "refused"})
@@ -209,7 +212,8 @@ func publishRetry507(ctx context.Context, n *tc.Node, topic, payload string) (tc
 }
 
 // A node whose data dir really fills up (a 256 MiB tmpfs, default
-// --min-free-disk: 5 %, plus one 64 MiB raft-wal segment) refuses publishes with 507 before the disk is full,
+// --min-free-disk: 5 %, plus one 16 MiB raft-wal segment and the next
+// snapshot) refuses publishes with 507 before the disk is full,
 // does not crash, and every acknowledged message is still delivered.
 func TestDiskFillsUp(t *testing.T) {
 	t.Parallel()
@@ -313,4 +317,302 @@ func publishUntil(t *testing.T, n *tc.Node, topic string, status int, within tim
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// minFreeSampler reads the free space of dir's filesystem every 2 ms until
+// stopped, and returns the least it saw.
+func minFreeSampler(t *testing.T, dir string) (stop func() int64) {
+	t.Helper()
+	done, out := make(chan struct{}), make(chan int64, 1)
+	go func() {
+		least := freeBytes(t, dir)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				out <- least
+				return
+			case <-tick.C:
+			}
+			var st syscall.Statfs_t
+			if syscall.Statfs(dir, &st) == nil {
+				least = min(least, int64(st.Bavail)*st.Bsize)
+			}
+		}
+	}()
+	return func() int64 { close(done); return <-out }
+}
+
+// fillTo507 publishes 64 KiB messages to topic through n until refused
+// with 507 (several times), and returns how many were acknowledged and the
+// last refusal.
+func fillTo507(ctx context.Context, t *testing.T, n *tc.Node, topic string) (int, *tc.Response) {
+	t.Helper()
+	payload := make([]byte, 64<<10)
+	acked, refused := 0, 0
+	var last *tc.Response
+	for i := 0; i < 8000 && refused < 5; i++ {
+		if ctx.Err() != nil {
+			t.Fatalf("filling %s: %v after %d acknowledged", topic, ctx.Err(), acked)
+		}
+		key := fmt.Sprintf("%s-%05d", topic, i)
+		copy(payload, key)
+		_, r, err := n.Publish(ctx, topic, payload, map[string]string{"Idempotency-Key": key})
+		switch {
+		case err == nil:
+			acked++
+		case r != nil && r.Status == 507:
+			refused++
+			last = r
+			time.Sleep(50 * time.Millisecond)
+		case retryable(err):
+			time.Sleep(100 * time.Millisecond)
+		default:
+			t.Fatalf("publish %s: %v (after %d acknowledged)", key, err, acked)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("the disk never got low: %d acknowledged", acked)
+	}
+	return acked, last
+}
+
+// diskMetric reads an unlabelled gauge or counter from n's /metrics.
+func diskMetric(ctx context.Context, t *testing.T, n *tc.Node, name string) float64 {
+	t.Helper()
+	var v float64
+	if err := waitMetric(ctx, n, name, func(f float64) bool { v = f; return true }); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// The free-disk floor counts the node's own next snapshot: a 256 MiB volume
+// with --min-free-disk 32MiB is filled until 507 with no snapshot taken
+// (--snapshot-interval 1h), then the node restarts with snapshots on (1s)
+// and takes one of the whole state at once (the log since the last
+// snapshot is the whole state); free space, sampled every 2 ms across it
+// all, never goes under the 32 MiB. Before, the floor counted one 64 MiB
+// wal segment only, and the node's own snapshot took free space from
+// 96 MiB to 24 or to 0 ("failed to take snapshot: no space left on
+// device").
+func TestDiskFloorCountsSnapshot(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1h"))
+	n := c.Node(0)
+	ctx := ctxFor(t, 180*time.Second)
+	mustTopic(t, n, "floor", map[string]any{"max_message_bytes": 1 << 20})
+	stop := minFreeSampler(t, n.DataDir())
+	acked, _ := fillTo507(ctx, t, n, "floor")
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	args := n.Args()
+	for i, a := range args {
+		if a == "1h" {
+			args[i] = "1s"
+		}
+	}
+	n.SetArgs(args)
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := waitMetric(wctx, n, "mqd_raft_snapshots_total", func(v float64) bool { return v > 0 }); err != nil {
+		t.Fatalf("no snapshot after the restart: %v", err)
+	}
+	least := stop()
+	size := diskMetric(ctx, t, n, "mqd_raft_snapshot_bytes")
+	t.Logf("%d acknowledged; snapshot of %.0f MiB; least free %d MiB", acked, size/(1<<20), least>>20)
+	if size < 32<<20 {
+		t.Fatalf("snapshot of %v bytes: not the nearly full state, the test did not exercise the case", size)
+	}
+	if least < 32<<20 {
+		t.Fatalf("free space went down to %d bytes, under --min-free-disk 32MiB", least)
+	}
+	if !n.Running() {
+		t.Fatal("node exited")
+	}
+}
+
+// emptyAndDelete consumes every message of topic (group g), then deletes
+// the topic, through n.
+func emptyAndDelete(ctx context.Context, t *testing.T, n *tc.Node, topic string, want int) {
+	t.Helper()
+	msgs, err := drain(ctx, n, topic, "g", time.Second)
+	if err != nil {
+		t.Fatalf("drain %s with the disk low: %v", topic, err)
+	}
+	if len(distinctByPosition(msgs)) < want {
+		t.Fatalf("drained %d of %d acknowledged messages", len(distinctByPosition(msgs)), want)
+	}
+	r, err := n.Do(ctx, http.MethodDelete, "/v1/topics/"+topic, nil, nil)
+	expectCode(t, "delete topic with the disk low", r, err, 200, "")
+}
+
+// A disk filled with messages that are then consumed and their topic
+// deleted gives the space back: writes resume without a restart (the
+// state file is compacted at the snapshot the low disk calls for) and
+// after one. Before, fsm.db and the snapshots never shrank and the node
+// answered 507 for good, restarts included.
+func TestDiskFreedWritesResume(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1s"))
+	n := c.Node(0)
+	ctx := ctxFor(t, 240*time.Second)
+	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 1 << 20})
+	mustTopic(t, n, "small", nil)
+	acked, _ := fillTo507(ctx, t, n, "big")
+	emptyAndDelete(ctx, t, n, "big", acked)
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if _, err := publishRetry507(rctx, n, "small", "resumed"); err != nil {
+		t.Fatalf("publish after consuming and deleting everything, free %d MiB: %v", freeBytes(t, n.DataDir())>>20, err)
+	}
+	t.Logf("%d acknowledged, consumed and deleted; writes resumed with %d MiB free", acked, freeBytes(t, n.DataDir())>>20)
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := publishRetry507(rctx, n, "small", "after-restart"); err != nil {
+		t.Fatalf("publish after a restart: %v", err)
+	}
+}
+
+// A follower whose disk filled with data that was then consumed and
+// deleted stops blocking the cluster's writes: it compacts its own state
+// at the snapshot its low disk calls for, its status stops saying
+// disk_low, and the leader, which learns it from its probes, accepts
+// writes again. Before, the follower's fsm.db and snapshots kept their
+// size, so it stayed under its floor and the leader refused all writes
+// for good.
+func TestFollowerDiskFreedStopsBlocking(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))
+	ctx := ctxFor(t, 300*time.Second)
+	leader, followers := mustRoles(t, c)
+	f := followers[0]
+	mustTopic(t, leader, "big", map[string]any{"max_message_bytes": 1 << 20})
+	mustTopic(t, leader, "small", nil)
+	// A ballast of nearly half its volume makes this follower the first
+	// member to get low.
+	ballast, err := os.Create(filepath.Join(f.DataDir(), "ballast"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Fallocate(int(ballast.Fd()), 0, 0, 112<<20); err != nil {
+		t.Fatalf("fallocate: %v", err)
+	}
+	ballast.Close()
+	acked, r := fillTo507(ctx, t, leader, "big")
+	if !strings.Contains(string(r.Body), "member "+f.ID()) {
+		t.Fatalf("507 does not name the follower %s: %s", f.ID(), r.Body)
+	}
+	emptyAndDelete(ctx, t, leader, "big", acked)
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if _, err := publishRetry507(rctx, leader, "small", "resumed"); err != nil {
+		t.Fatalf("publish after consuming and deleting everything, %s has %d MiB free: %v", f, freeBytes(t, f.DataDir())>>20, err)
+	}
+	t.Logf("%d acknowledged until %s was low, consumed and deleted; writes resumed, it has %d MiB free", acked, f, freeBytes(t, f.DataDir())>>20)
+}
+
+// fillDisk takes every free byte of dir's filesystem with a ballast file.
+func fillDisk(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "ballast"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, freeBytes(t, dir)); err != nil {
+		t.Fatalf("fallocate: %v", err)
+	}
+	if free := freeBytes(t, dir); free != 0 {
+		t.Fatalf("%d bytes still free", free)
+	}
+}
+
+// A cleanly stopped node whose disk is then full to the last byte starts,
+// becomes ready and serves reads (and still refuses writes that add data,
+// 507). Before, it could not start ("write fsm.db.state.tmp: no space
+// left on device").
+func TestDiskFullStartServesReads(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 128<<20))
+	n := c.Node(0)
+	ctx := ctxFor(t, 120*time.Second)
+	mustTopic(t, n, "full", nil)
+	for i := range 20 {
+		mustPublish(t, n, "full", fmt.Sprintf("m%d", i), nil)
+	}
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, n.DataDir())
+	n.Restart()
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatalf("not ready on a full disk: %v", err)
+	}
+	st, err := n.Stats(ctx, "full")
+	if err != nil || st.NextOffsets() != 20 {
+		t.Fatalf("stats on a full disk: %d messages, %v", st.NextOffsets(), err)
+	}
+	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/full/messages", "x", nil)
+	expectCode(t, "publish on a full disk", r, err, 507, "insufficient_storage")
+	if !n.Running() {
+		t.Fatal("node exited on a full disk")
+	}
+}
+
+// A node starts on a 64 MiB volume (raft-wal's segments are sized to it:
+// 4 MiB) and takes writes. Before, raft-wal preallocated a 64 MiB segment
+// and the node could not start.
+func TestDiskSmallVolumeStarts(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 1, withTmpfs(t, 64<<20))
+	n := c.Node(0)
+	mustTopic(t, n, "small", nil)
+	mustPublish(t, n, "small", "hello", nil)
+	segs, err := filepath.Glob(filepath.Join(n.DataDir(), "wal", "*.wal"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no wal segment: %v", err)
+	}
+	fi, err := os.Stat(segs[0])
+	if err != nil || fi.Size() > 4<<20 {
+		t.Fatalf("wal segment %v: %v", fi.Size(), err)
+	}
+}
+
+// A new node refuses to start where its filesystem cannot hold its first
+// raft-wal segment and state files, with one line saying what it needs.
+func TestDiskTooSmallRefusesStart(t *testing.T) {
+	t.Parallel()
+	withTmpfs(t, 1<<20) // skips where mounting is not allowed
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	ctx := ctxFor(t, 30*time.Second)
+	cmd := exec.CommandContext(ctx, tc.Binary(t), "--id", "n1", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("started on a 1 MiB volume:\n%s", out)
+	}
+	if !strings.Contains(string(out), "a new node needs at least") {
+		t.Fatalf("no clear refusal (%v):\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(string(out)))
 }
