@@ -49,7 +49,7 @@ func init() {
 }
 
 // cmdOrder is the order of the groups in `mqd --help`; others follow by name.
-var cmdOrder = []string{"topic", "pub", "sub", "dlq", "cluster", "bench", "restore", "token"}
+var cmdOrder = []string{"topic", "pub", "sub", "peek", "dlq", "cluster", "bench", "restore", "token"}
 
 func register(c *command) {
 	if _, dup := commands[c.name]; dup {
