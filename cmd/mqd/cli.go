@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mqd/mqd/client"
 )
@@ -124,6 +125,9 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	var g globalFlags
 	if !cmd.local {
 		g.define(fs)
+		if !cmd.longRunning {
+			fs.DurationVar(&g.timeout, "timeout", defaultCLITimeout, "give up after this long without an answer")
+		}
 	}
 	runFn := cmd.setup(fs)
 	// On a flag error, the flag package prints its message and calls Usage.
@@ -145,7 +149,17 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		}
 		c.json = g.json
 	}
-	err = runFn(ctx, c, pos)
+	if !cmd.local && !cmd.longRunning {
+		var stop func()
+		ctx, stop = bounded(ctx, c.stderr, cmd.name, g.server, g.timeout)
+		err = runFn(ctx, c, pos)
+		stop()
+		if err != nil && !errors.Is(err, errUsage) {
+			defer explainFailure(c.stderr, cmd.name, g.timeout, err)
+		}
+	} else {
+		err = runFn(ctx, c, pos)
+	}
 	switch {
 	case err == nil:
 		return 0
@@ -228,6 +242,7 @@ func hoistClientFlags(args []string) []string {
 type globalFlags struct {
 	server, token, tlsCA string
 	json                 bool
+	timeout              time.Duration // one-shot commands only
 }
 
 func (g *globalFlags) define(fs *flag.FlagSet) {
