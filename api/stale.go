@@ -133,6 +133,10 @@ func (s *Server) forwardFailed(ctx *fasthttp.RequestCtx, addr string, err error)
 	if isDialError(err) {
 		return fmt.Errorf("%w: %s", errLeaderUnreachable, addr)
 	}
+	if errors.Is(err, fasthttp.ErrNoFreeConns) {
+		// Nothing was sent: every forwarding connection stayed busy.
+		return errorf(ErrUnavailable, "every connection to the leader %s stayed busy within the request's deadline: nothing was sent; retry", addr)
+	}
 	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 		return errorf(ErrUnavailable, "the leader %s did not answer within the request's deadline: "+
 			"the request may or may not have taken effect; retry it (a publish with the same Idempotency-Key is stored once)", addr)

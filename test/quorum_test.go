@@ -151,12 +151,14 @@ func TestLeaderKilledUnderLoad(t *testing.T) {
 			for i := 0; ctx.Err() == nil; i++ {
 				var r *tc.Response
 				var err error
-				switch (w + i) % 3 {
+				switch (w + i) % 4 {
 				case 0, 1:
 					r, err = cl.Do(ctx, "POST", f.URL()+"/v1/topics/load/messages", fmt.Sprintf("w%d-%d", w, i),
 						map[string]string{"Idempotency-Key": fmt.Sprintf("k%d-%d", w, i)})
-				default:
+				case 2:
 					r, err = cl.Do(ctx, "GET", f.URL()+"/v1/topics/load", nil, nil)
+				default:
+					r, err = cl.Do(ctx, "GET", f.URL()+"/v1/topics/load/messages?limit=5", nil, nil)
 				}
 				if err != nil {
 					if ctx.Err() == nil {

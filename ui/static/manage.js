@@ -43,7 +43,7 @@ function sample(topics) {
   for (const t of topics) {
     const groups = {};
     for (const [g, st] of Object.entries(t.groups || {})) {
-      groups[g] = { acked: Number(st.acked), dlq: Number(st.dlq), backlog: Number(st.backlog) };
+      groups[g] = { acked: Number(st.acked), dlq: Number(st.dlq), backlog: Number(st.backlog), inflight: Number(st.in_flight) };
     }
     s.topics[t.name] = { pub: (t.partitions || []).reduce((a, p) => a + Number(p.next_offset), 0), groups };
   }
@@ -96,6 +96,7 @@ function renderCharts() {
   drawChart("#chart-ack", seriesOf(gk, groupValue("acked"), true), true);
   drawChart("#chart-dlq", seriesOf(gk, groupValue("dlq"), true), true);
   drawChart("#chart-backlog", seriesOf(gk, groupValue("backlog"), false), false);
+  drawChart("#chart-inflight", seriesOf(gk, groupValue("inflight"), false), false);
 }
 
 function fmtAxis(v, rate) {
