@@ -84,6 +84,11 @@ func TestReadsWithoutQuorum(t *testing.T) {
 		!strings.Contains(res.stderr, "may still commit") || strings.Contains(res.stdout, "waiting") {
 		t.Errorf("mqd pub --timeout 3s without a quorum: exit %d in %v\nstdout: %s\nstderr: %s", res.code, took, res.stdout, res.stderr)
 	}
+	res = runCLI(t, s.URL(), "", "peek", "q", "--stale")
+	if res.code != 0 || !strings.Contains(res.stderr, "own state") ||
+		len(strings.Split(strings.TrimSpace(res.stdout), "\n")) != 6 {
+		t.Errorf("mqd peek --stale without a quorum: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+	}
 	res = runCLI(t, s.URL(), "", "topic", "list", "--timeout", "20s")
 	if res.code == 0 || strings.Contains(res.stderr, "write") || !strings.Contains(res.stderr, "no leader") {
 		t.Errorf("mqd topic list without a quorum: exit %d\nstderr: %s", res.code, res.stderr)

@@ -17,11 +17,12 @@ func init() {
 			part := fs.Uint("partition", 0, "only this partition (default: every partition in turn)")
 			off := fs.Uint64("offset", 0, "start at this offset (with --partition; default its first retained message)")
 			count := fs.Int("count", 10, "show at most this many messages")
+			stale := fs.Bool("stale", false, "read the answering node's own state, also without a leader (may be behind)")
 			return func(ctx context.Context, c *cli, args []string) error {
 				if err := needArgs(args, 1, "TOPIC"); err != nil {
 					return err
 				}
-				pk := peek{topic: args[0], count: *count, only: isSet(fs, "partition"), part: uint32(*part)}
+				pk := peek{topic: args[0], count: *count, only: isSet(fs, "partition"), part: uint32(*part), stale: *stale}
 				if isSet(fs, "offset") {
 					if !pk.only {
 						return usageErr("--offset needs --partition (an offset is a position in one partition)")
@@ -43,6 +44,8 @@ type peek struct {
 	only  bool // --partition given
 	part  uint32
 	off   *uint64
+	stale bool   // ?stale=ok
+	ageMs string // Mq-Stale-Ms of the last stale answer
 }
 
 type peekPage struct {
@@ -64,8 +67,10 @@ type peekMessage struct {
 func (pk *peek) run(ctx context.Context, c *cli) error {
 	parts := pk.part + 1
 	if !pk.only {
-		t, err := c.client.Topic(ctx, pk.topic)
-		if err != nil {
+		var t struct {
+			Partitions []json.RawMessage `json:"partitions"`
+		}
+		if err := pk.get(ctx, c, "", nil, &t); err != nil {
 			return err
 		}
 		parts = uint32(len(t.Partitions))
@@ -97,6 +102,9 @@ func (pk *peek) run(ctx context.Context, c *cli) error {
 			return err
 		}
 		fmt.Fprintf(c.stderr, "%d message(s) shown; nothing was consumed\n", shown)
+		if pk.stale {
+			fmt.Fprintf(c.stderr, "read from the answering node's own state, which may be %s ms behind the leader's\n", pk.ageMs)
+		}
 	}
 	return nil
 }
@@ -106,15 +114,34 @@ func (pk *peek) page(ctx context.Context, c *cli, p uint32, off *uint64, n int) 
 	if off != nil {
 		q.Set("offset", strconv.FormatUint(*off, 10))
 	}
-	resp, err := c.client.Do(ctx, "GET", "/v1/topics/"+url.PathEscape(pk.topic)+"/messages?"+q.Encode(), nil)
-	if err != nil {
+	var pg peekPage
+	if err := pk.get(ctx, c, "/messages", q, &pg); err != nil {
 		return nil, err
 	}
-	var pg peekPage
-	if err := json.Unmarshal(resp.Body, &pg); err != nil {
-		return nil, fmt.Errorf("decoding the answer: %w", err)
-	}
 	return &pg, nil
+}
+
+// get reads the topic's path suffix with query q into out.
+func (pk *peek) get(ctx context.Context, c *cli, suffix string, q url.Values, out any) error {
+	if pk.stale {
+		if q == nil {
+			q = url.Values{}
+		}
+		q.Set("stale", "ok")
+	}
+	path := "/v1/topics/" + url.PathEscape(pk.topic) + suffix
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	resp, err := c.client.Do(ctx, "GET", path, nil)
+	if err != nil {
+		return err
+	}
+	pk.ageMs = resp.Header.Get("Mq-Stale-Ms")
+	if err := json.Unmarshal(resp.Body, out); err != nil {
+		return fmt.Errorf("decoding the answer: %w", err)
+	}
+	return nil
 }
 
 func (pk *peek) print(c *cli, w interface{ Write([]byte) (int, error) }, raw json.RawMessage) error {
