@@ -277,9 +277,24 @@ func (r *Reader) Browse(topic string, part uint32, off uint64, limit, maxBytes i
 			if err != nil {
 				return nil, err
 			}
-			pg.NextPartition, pg.NextOffset, pg.More = pg.NextPartition+1, next.Meta.First, next.Meta.Count() > 0
-			return pg, nil
+			pg.NextPartition, pg.NextOffset = pg.NextPartition+1, next.Meta.First
+			pg.More, err = storedFrom(l, pg.NextPartition)
+			return pg, err
 		}
 		pg.NextPartition, pg.NextOffset = pg.NextPartition+1, 0
 	}
+}
+
+// storedFrom reports whether partition p or a later one holds a message.
+func storedFrom(l *mlog.Log, p uint32) (bool, error) {
+	for ; p < l.Cfg.Partitions; p++ {
+		part, err := l.Partition(p)
+		if err != nil {
+			return false, err
+		}
+		if part.Meta.Count() > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
