@@ -150,6 +150,10 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		c.json = g.json
 	}
 	if !cmd.local && !cmd.longRunning {
+		if g.timeout <= 0 {
+			fmt.Fprintf(c.stderr, "mqd %s: --timeout must be above 0, got %v\n", cmd.name, g.timeout)
+			return 2
+		}
 		var stop func()
 		ctx, stop = bounded(ctx, c.stderr, cmd.name, g.server, g.timeout)
 		err = runFn(ctx, c, pos)
