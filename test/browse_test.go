@@ -85,6 +85,13 @@ func TestBrowseChangesNothing(t *testing.T) {
 	if _, _, err := l.Ack(ctxFor(t, 15*time.Second), "browse", "g", []string{msgs[0].Receipt}); err != nil {
 		t.Fatal(err)
 	}
+	// Acked by every group and at its partition's head, the message is
+	// trimmed (retention "until acked") by a raft entry of the leader's:
+	// wait for it, so that the entries counted below are browsing's only.
+	if _, err := pollStats(ctxFor(t, 30*time.Second), l, "browse", func(st tc.TopicStats) bool { return st.Messages == 24 }); err != nil {
+		t.Fatalf("the acked head was not trimmed: %v", err)
+	}
+	delete(want, fmt.Sprintf("%d/%d", msgs[0].Partition, msgs[0].Offset))
 	waitApplied(t, c)
 	before := viewOf(t, l, "browse")
 
@@ -123,7 +130,7 @@ func TestBrowseChangesNothing(t *testing.T) {
 	}
 	// Without partition: one page from partition 0 on, across partitions.
 	all := browse(t, f, "browse", "limit=1000")
-	if len(all.Messages) != 25 || all.More {
+	if len(all.Messages) != 24 || all.More {
 		t.Errorf("one page of everything: %d messages, more %v", len(all.Messages), all.More)
 	}
 	for i := 1; i < len(all.Messages); i++ {
@@ -134,8 +141,8 @@ func TestBrowseChangesNothing(t *testing.T) {
 	}
 	// mqd peek walks the same messages through the binary.
 	out := ok(t, f.URL(), "", "peek", "browse", "--count", "100", "--json")
-	if n := strings.Count(out, "\n"); n != 25 {
-		t.Errorf("mqd peek --count 100 --json printed %d lines, want 25:\n%s", n, out)
+	if n := strings.Count(out, "\n"); n != 24 {
+		t.Errorf("mqd peek --count 100 --json printed %d lines, want 24:\n%s", n, out)
 	}
 	out = ok(t, f.URL(), "", "peek", "browse", "--partition", "1", "--offset", "1", "--count", "2")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.HasPrefix(lines[1], "1 ") {
