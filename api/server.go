@@ -253,6 +253,8 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	defer cancel()
 	r.ctx = rctx
+	lctx, lcancel := leaderWait(rctx, r)
+	defer lcancel()
 	var handoff time.Time // since when this request waits for a hand-off
 	for {
 		// A leader handing off (graceful stop) takes no new work: the
@@ -271,7 +273,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			ctx.Response.Reset()
 		}
-		if err := s.waitLeader(rctx, r); err != nil {
+		if err := s.waitLeader(lctx, r); err != nil {
 			return err
 		}
 		if s.node.IsLeader() { // elected meanwhile, or handing off
@@ -303,8 +305,8 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 		}
 		// The request never reached the leader, or is a read: wait for it
 		// to come back or for a new one, within the deadline.
-		if pause(rctx, 50*time.Millisecond) != nil {
-			if r.def.Stale && !s.node.WaitLeader(rctx) {
+		if pause(lctx, 50*time.Millisecond) != nil {
+			if r.def.Stale {
 				return s.noLeaderForRead()
 			}
 			return errorf(ErrUnavailable, "the leader does not answer (%v) and no other leader answered within the request's deadline", err)

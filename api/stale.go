@@ -20,9 +20,10 @@ const (
 	// AppliedHeader, on the same answers, is the raft index of the last
 	// entry the answer includes.
 	AppliedHeader = "Mq-Applied-Index"
-	// readLeaderWait bounds how long a read waits for a leader to be
-	// known: longer than an election, shorter than a write's deadline (a
-	// read has no commit to wait for, so a minority side answers soon).
+	// readLeaderWait bounds how long a read, from its start, looks for a
+	// leader that answers: longer than an election, shorter than a
+	// write's deadline (a read has no commit to wait for, so a minority
+	// side answers soon).
 	readLeaderWait = 3 * time.Second
 )
 
@@ -91,28 +92,34 @@ func (s *Server) staleMs() int64 {
 	return time.Since(started).Milliseconds()
 }
 
-// waitLeader waits for a known leader within the request's deadline; a
-// read waits at most readLeaderWait. The error says which it was, and for
-// a read, how to read this node's state instead.
-func (s *Server) waitLeader(rctx context.Context, r *route) error {
+// leaderWait is the context a request waits for a leader in: the
+// request's own, or for a read one that ends readLeaderWait after the
+// read began (a read has no commit to wait for, so a minority side
+// answers soon, however long it takes to notice the leader is gone).
+func leaderWait(rctx context.Context, r *route) (context.Context, context.CancelFunc) {
 	if !r.def.Stale {
-		if !s.node.WaitLeader(rctx) {
-			return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
-		}
+		return rctx, func() {}
+	}
+	return context.WithTimeout(rctx, readLeaderWait)
+}
+
+// waitLeader waits for a known leader within lctx (leaderWait's). The
+// error says which kind of request it was, and for a read, how to read
+// this node's state instead.
+func (s *Server) waitLeader(lctx context.Context, r *route) error {
+	if s.node.WaitLeader(lctx) {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(rctx, readLeaderWait)
-	defer cancel()
-	if s.node.WaitLeader(wctx) {
-		return nil
+	if r.def.Stale {
+		return s.noLeaderForRead()
 	}
-	return s.noLeaderForRead()
+	return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
 }
 
 func (s *Server) noLeaderForRead() error {
-	return errorf(raftfsm.ErrNotLeader, "no leader: node %s knows of no leader (a majority of the nodes may be down or cut off); "+
+	return errorf(raftfsm.ErrNotLeader, "no leader: node %s found no leader that answers within %v (a majority of the nodes may be down or cut off); "+
 		"this read answers from the leader's committed state; add ?stale=ok to read this node's applied state "+
-		"(index %d, last heard from a leader %s)", s.node.ID(), s.node.FSM.AppliedIndex(), s.lastHeard())
+		"(index %d, last heard from a leader %s)", s.node.ID(), readLeaderWait, s.node.FSM.AppliedIndex(), s.lastHeard())
 }
 
 func (s *Server) lastHeard() string {

@@ -47,7 +47,9 @@ func TestReadsWithoutQuorum(t *testing.T) {
 	}
 	wg.Wait()
 	for _, path := range paths {
+		start := time.Now()
 		r, err := s.Do(ctxFor(t, 30*time.Second), "GET", path+"?stale=ok", nil, nil)
+		t.Logf("GET %s?stale=ok: %v in %v, Mq-Stale-Ms %s", path, r.Status, time.Since(start).Round(time.Microsecond), r.Header.Get("Mq-Stale-Ms"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,6 +82,7 @@ func TestReadsWithoutQuorum(t *testing.T) {
 	start = time.Now()
 	res := runCLI(t, s.URL(), "", "pub", "q", "late", "--key", "late-1", "--timeout", "3s")
 	took := time.Since(start)
+	t.Logf("mqd pub --timeout 3s without a quorum: exit %d in %v; stderr:\n%s", res.code, took.Round(time.Millisecond), res.stderr)
 	if res.code == 0 || took > 10*time.Second || !strings.Contains(res.stderr, "waiting for the write") ||
 		!strings.Contains(res.stderr, "may still commit") || strings.Contains(res.stdout, "waiting") {
 		t.Errorf("mqd pub --timeout 3s without a quorum: exit %d in %v\nstdout: %s\nstderr: %s", res.code, took, res.stdout, res.stderr)
@@ -107,6 +110,7 @@ func checkNoLeaderRead(t *testing.T, s *tc.Node, path string) {
 	took := time.Since(start)
 	code, _ := r.CheckError()
 	msg := string(r.Body)
+	t.Logf("GET %s without a quorum: %d %s in %v", path, r.Status, code, took.Round(time.Millisecond))
 	if r.Status != 503 || code != "no_leader" || r.Header.Get("Retry-After") == "" || took > 8*time.Second ||
 		strings.Contains(msg, "write") || !strings.Contains(msg, "stale=ok") {
 		t.Errorf("GET %s without a quorum: %d %s in %v (Retry-After %q): %s", path, r.Status, code, took.Round(time.Millisecond),
