@@ -37,6 +37,7 @@ var routeStatuses = map[string][]int{
 	"DELETE /v1/topics/{topic}":              {200, 404},
 	"POST /v1/topics/{topic}/messages":       {200, 201, 404, 409, 413, 507},
 	"POST /v1/topics/{topic}/messages:batch": {200, 404, 409, 413, 507},
+	"GET /v1/topics/{topic}/messages":        {200, 404}, // bad_request: a partition the topic lacks
 
 	"PUT /v1/topics/{topic}/groups/{group}":             {200, 201, 404},
 	"DELETE /v1/topics/{topic}/groups/{group}":          {200, 404},

@@ -66,9 +66,12 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		CommitIndex       uint64            `json:"commit_index"`
 		LastSnapshotIndex uint64            `json:"last_snapshot_index"`
 		StateFormat       int               `json:"state_format"`
+		Resources         raftfsm.Resources `json:"resources"`
+		Alarms            []string          `json:"alarms"`
 	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.node.FSM.AppliedIndex(),
 		CommitIndex: s.node.Raft.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
-		StateFormat: s.node.FSM.StateFormat()}
+		StateFormat: s.node.FSM.StateFormat(), Resources: s.node.Resources()}
+	out.Alarms = alarms(out.Resources)
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
 		info.ID, info.RaftAddr = string(sv.ID), string(sv.Address)

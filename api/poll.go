@@ -132,7 +132,7 @@ func (s *Server) shortFetch(ctx *fasthttp.RequestCtx, r *route, body []byte, end
 	if errors.Is(err, errLeaderUnreachable) {
 		// Wait for the leader to come back, or for a new one.
 		if perr := pause(r.ctx, 50*time.Millisecond); perr != nil {
-			return true, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return true, errorf(ErrUnavailable, "the leader does not answer (%v) and no other leader answered within the fetch's deadline", err)
 		}
 		return false, nil
 	}

@@ -70,7 +70,11 @@ type Route struct {
 	// any other parameter, a repeated one, or a name or value that is not
 	// valid UTF-8 is refused (checkQuery); other routes (the console,
 	// profiles, probes) are not checked.
-	Query   []string
+	Query []string
+	// Stale marks a read that ?stale=ok serves from the answering node's
+	// applied state, without the leader (api/stale.go); without it, the
+	// read waits at most readLeaderWait for a leader.
+	Stale   bool
 	handler func(*fasthttp.RequestCtx, *route) error
 
 	hasTopic, hasGroup bool // the pattern names them
@@ -105,7 +109,8 @@ func (s *Server) routes() []Route {
 		pprofhandler.PprofHandler(ctx)
 		return nil
 	}
-	withQuery := func(r Route, names ...string) Route { r.Query = names; return r }
+	// read: a read that may be served stale, taking ?stale= after names.
+	read := func(r Route, names ...string) Route { r.Query, r.Stale = append(names, "stale"), true; return r }
 	return []Route{
 		rt("GET", "/healthz", false, PermOpen, s.healthz),
 		rt("GET", "/readyz", false, PermOpen, s.readyz),
@@ -122,14 +127,15 @@ func (s *Server) routes() []Route {
 		rt("GET", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 		rt("POST", "/debug/pprof/{profile...}", false, PermMonitor, pprof),
 
-		withQuery(rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics), "limit", "after"),
+		read(rt("GET", "/v1/topics", true, PermAnyTopic, s.listTopics), "limit", "after"),
 		rt("PUT", topic, true, PermAdmin, s.putTopic),
-		rt("GET", topic, true, PermAnyTopic, s.getTopic),
+		read(rt("GET", topic, true, PermAnyTopic, s.getTopic)),
 		rt("DELETE", topic, true, PermAdmin, s.deleteTopic),
 		rt("POST", topic+"/messages", true, PermPublish, s.publish),
 		rt("POST", topic+"/messages:batch", true, PermPublish, s.publishBatch),
-		rt("GET", topic+"/keys/{key}", true, PermConsume, s.traceKey),
+		read(rt("GET", topic+"/keys/{key}", true, PermConsume, s.traceKey)),
 		rt("POST", topic+"/reconcile", true, PermConsume, s.reconcile),
+		read(rt("GET", topic+"/messages", true, PermConsume, s.browse), "partition", "offset", "limit"),
 
 		rt("PUT", grp, true, PermConsume|PermAdmin, s.putGroup),
 		rt("DELETE", grp, true, PermAdmin, s.deleteGroup),
@@ -138,7 +144,7 @@ func (s *Server) routes() []Route {
 		rt("POST", grp+"/nack", true, PermConsume, s.nack),
 		rt("POST", grp+"/extend", true, PermConsume, s.extend),
 		rt("POST", grp+"/process", true, PermConsume, s.process),
-		withQuery(rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters), "limit", "after", "idempotency_key"),
+		read(rt("GET", grp+"/dlq", true, PermConsume, s.listDeadLetters), "limit", "after", "idempotency_key"),
 		rt("POST", grp+"/dlq/replay", true, PermAdmin, s.replayDeadLetters),
 		rt("DELETE", grp+"/dlq/{id}", true, PermAdmin, s.deleteDeadLetter),
 	}

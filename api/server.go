@@ -196,7 +196,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		err = s.limits.token(r.id.Name())
 	}
 	if err == nil {
-		if r.def.Leader {
+		var stale bool
+		if stale, err = staleAsked(ctx, r); err != nil {
+			// a bad ?stale= value: answered below
+		} else if stale {
+			err = s.serveStale(ctx, r)
+		} else if r.def.Leader {
 			err = s.onLeader(ctx, r)
 		} else {
 			err = r.def.handler(ctx, r)
@@ -248,6 +253,8 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	defer cancel()
 	r.ctx = rctx
+	lctx, lcancel := leaderWait(rctx, r)
+	defer lcancel()
 	var handoff time.Time // since when this request waits for a hand-off
 	for {
 		// A leader handing off (graceful stop) takes no new work: the
@@ -266,8 +273,8 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			ctx.Response.Reset()
 		}
-		if !s.node.WaitLeader(rctx) {
-			return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
+		if err := s.waitLeader(lctx, r); err != nil {
+			return err
 		}
 		if s.node.IsLeader() { // elected meanwhile, or handing off
 			if s.node.HandingOff() {
@@ -293,13 +300,16 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			continue // this node leads now: serve the rest of the wait here
 		}
 		err := s.forward(rctx, ctx)
-		if !errors.Is(err, errLeaderUnreachable) {
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
-		// The request never reached the leader: wait for it to come back
-		// or for a new one, within the deadline.
-		if pause(rctx, 50*time.Millisecond) != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		// The request never reached the leader, or is a read: wait for it
+		// to come back or for a new one, within the deadline.
+		if pause(lctx, 50*time.Millisecond) != nil {
+			if r.def.Stale {
+				return s.noLeaderForRead()
+			}
+			return errorf(ErrUnavailable, "the leader does not answer (%v) and no other leader answered within the request's deadline", err)
 		}
 	}
 }
@@ -352,10 +362,7 @@ func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, bod
 	resp := &ctx.Response
 	if err := s.fwd.DoDeadline(req, resp, dl); err != nil {
 		resp.Reset()
-		if isDialError(err) {
-			return fmt.Errorf("%w: %s: %v", errLeaderUnreachable, addr, err)
-		}
-		return fmt.Errorf("%w: forward to leader %s: %v", ErrUnavailable, addr, err)
+		return s.forwardFailed(ctx, addr, err)
 	}
 	return nil
 }

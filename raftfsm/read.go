@@ -2,6 +2,8 @@ package raftfsm
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/mqd/mqd/dedup"
@@ -10,6 +12,9 @@ import (
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
+
+// ErrBadPartition: a browse names a partition the topic does not have.
+var ErrBadPartition = errors.New("no such partition")
 
 // Reader is one consistent view of the state machine (one bbolt read
 // transaction) with typed getters, so that the HTTP layer does not depend
@@ -197,4 +202,99 @@ func (r *Reader) EachTopicGauges(now int64, fn func(t *TopicGauges)) {
 		fn(&t)
 		return true
 	})
+}
+
+// BrowsePage is one page of Browse: the messages in (partition, offset)
+// order, and the position right after the last one.
+type BrowsePage struct {
+	Messages []BrowsedMessage
+	// NextPartition and NextOffset are where the next page starts.
+	NextPartition uint32
+	NextOffset    uint64
+	// More reports that messages were stored past that position when
+	// this page was read.
+	More bool
+}
+
+// BrowsedMessage is one stored message and its position; Msg does not
+// alias the transaction, and its MaxRetry is resolved (the topic's when
+// the message set none).
+type BrowsedMessage struct {
+	Partition uint32
+	Msg       *mlog.Message
+}
+
+// Browse reads up to limit stored messages of topic from (part, off) on,
+// in offset order, moving on to the following partitions' first retained
+// messages when a partition runs out unless only is set; it stops early
+// once the values read reach maxBytes (after at least one message). An
+// offset below a partition's first retained one starts at that one. It
+// leases nothing and writes nothing. Errors: mlog.ErrTopicNotFound,
+// ErrBadPartition.
+func (r *Reader) Browse(topic string, part uint32, off uint64, limit, maxBytes int, only bool) (*BrowsePage, error) {
+	l, err := mlog.Open(r.tx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if part >= l.Cfg.Partitions {
+		return nil, fmt.Errorf("%w: topic %s has partitions 0..%d, not %d", ErrBadPartition, topic, l.Cfg.Partitions-1, part)
+	}
+	pg := &BrowsePage{NextPartition: part, NextOffset: off}
+	size := 0
+	for {
+		p, err := l.Partition(pg.NextPartition)
+		if err != nil {
+			return nil, err
+		}
+		pg.NextOffset = max(pg.NextOffset, p.Meta.First)
+		sc := p.Scanner()
+		for ; pg.NextOffset < p.Meta.Next; pg.NextOffset++ {
+			if len(pg.Messages) >= limit || (len(pg.Messages) > 0 && size >= maxBytes) {
+				pg.More = true
+				return pg, nil
+			}
+			m, err := sc.Get(pg.NextOffset)
+			if err != nil {
+				return nil, err
+			}
+			if m == nil {
+				continue
+			}
+			m = m.Clone()
+			if m.MaxRetry < 0 {
+				m.MaxRetry = l.Cfg.MaxRetry
+			}
+			size += len(m.Value)
+			pg.Messages = append(pg.Messages, BrowsedMessage{Partition: pg.NextPartition, Msg: m})
+		}
+		if only || pg.NextPartition+1 >= l.Cfg.Partitions {
+			return pg, nil
+		}
+		if len(pg.Messages) >= limit || size >= maxBytes {
+			// Full at a partition's end: the next page starts at the next
+			// partition, and there may be more there.
+			next, err := l.Partition(pg.NextPartition + 1)
+			if err != nil {
+				return nil, err
+			}
+			pg.NextPartition, pg.NextOffset = pg.NextPartition+1, next.Meta.First
+			pg.More, err = storedFrom(l, pg.NextPartition)
+			return pg, err
+		}
+		pg.NextPartition, pg.NextOffset = pg.NextPartition+1, 0
+	}
+}
+
+// storedFrom reports whether partition p or a later one holds a message.
+func storedFrom(l *mlog.Log, p uint32) (bool, error) {
+	for ; p < l.Cfg.Partitions; p++ {
+		part, err := l.Partition(p)
+		if err != nil {
+			return false, err
+		}
+		if part.Meta.Count() > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -101,6 +101,8 @@ func authMatrix() []authCase {
 		{"GET", "/v1/topics/orders-nonexistent", nil, "other", "pub", 404},
 		{"DELETE", "/v1/topics/orders.new", nil, "cons", "admin", 200},
 		{"POST", "/v1/topics/orders/messages", "m1", "cons", "pub", 201},
+		{"GET", "/v1/topics/orders/messages", nil, "pub", "cons", 200},
+		{"GET", "/v1/topics/orders/messages?stale=ok", nil, "pub", "cons", 200}, // a stale read is authorized all the same
 		{"POST", "/v1/topics/orders/messages:batch", map[string]any{"messages": []any{map[string]any{"value": "b"}}}, "admin", "pub", 200},
 		{"PUT", g, nil, "pub", "cons", 201},
 		{"POST", g + "/fetch", map[string]any{"max": 1}, "pub", "cons", 200},

@@ -60,7 +60,7 @@ func loseTail(t *testing.T, store string) *tailLost {
 		}
 	}
 	publish("before", 20)
-	waitApplied(t, l, s.f1, s.f2)
+	waitSameApplied(t, l, s.f1, s.f2)
 	var raftDB []byte // bolt: F1's log as it was before the 100 publishes
 	if store == "bolt" {
 		if err := s.f1.Stop(); err != nil {
@@ -77,7 +77,7 @@ func loseTail(t *testing.T, store string) *tailLost {
 		t.Fatalf("stop %s: %v", s.f2, err)
 	}
 	publish("lost", 100) // committed on L and F1
-	waitApplied(t, l, s.f1)
+	waitSameApplied(t, l, s.f1)
 	s.applied = mustCluster(t, s.f1).AppliedIndex
 	l.Kill()
 	s.f1.Kill()
@@ -213,8 +213,8 @@ func mustRead(t *testing.T, path string) []byte {
 	return b
 }
 
-// waitApplied waits until every node has applied what the first one has.
-func waitApplied(t *testing.T, nodes ...*tc.Node) {
+// waitSameApplied waits until every node has applied what the first one has.
+func waitSameApplied(t *testing.T, nodes ...*tc.Node) {
 	t.Helper()
 	ctx := ctxFor(t, 30*time.Second)
 	want := mustCluster(t, nodes[0]).AppliedIndex
@@ -288,7 +288,7 @@ func cutWALTail(t *testing.T, dir string, from uint64) {
 func compareStates(t *testing.T, c *tc.Cluster) {
 	t.Helper()
 	nodes := c.Nodes()
-	waitApplied(t, nodes...)
+	waitSameApplied(t, nodes...)
 	dir := t.TempDir()
 	var applied []uint64
 	for attempt := range 20 {

@@ -12,7 +12,7 @@ import (
 //go:embed static
 var static embed.FS
 
-// Files are the console's files: index.html, app.js, style.css.
+// Files are the console's files: index.html, manage.js, app.js, style.css.
 var Files = mustSub(static, "static")
 
 func mustSub(f fs.FS, dir string) fs.FS {

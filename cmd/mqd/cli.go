@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mqd/mqd/client"
 )
@@ -49,7 +50,7 @@ func init() {
 }
 
 // cmdOrder is the order of the groups in `mqd --help`; others follow by name.
-var cmdOrder = []string{"topic", "pub", "sub", "dlq", "cluster", "bench", "restore", "token"}
+var cmdOrder = []string{"topic", "pub", "sub", "peek", "dlq", "cluster", "bench", "restore", "token"}
 
 func register(c *command) {
 	if _, dup := commands[c.name]; dup {
@@ -129,6 +130,9 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	var g globalFlags
 	if !cmd.local {
 		g.define(fs)
+		if !cmd.longRunning {
+			fs.DurationVar(&g.timeout, "timeout", defaultCLITimeout, "give up after this long without an answer")
+		}
 	}
 	runFn := cmd.setup(fs)
 	usage := func() {
@@ -153,7 +157,21 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		}
 		c.json = g.json
 	}
-	err = runFn(ctx, c, pos)
+	if !cmd.local && !cmd.longRunning {
+		if g.timeout <= 0 {
+			fmt.Fprintf(c.stderr, "mqd %s: --timeout must be above 0, got %v\n", cmd.name, g.timeout)
+			return 2
+		}
+		var stop func()
+		ctx, stop = bounded(ctx, c.stderr, cmd.name, g.server, g.timeout)
+		err = runFn(ctx, c, pos)
+		stop()
+		if err != nil && !errors.Is(err, errUsage) {
+			defer explainFailure(c.stderr, cmd.name, g.timeout, err)
+		}
+	} else {
+		err = runFn(ctx, c, pos)
+	}
 	switch {
 	case err == nil:
 		return 0
@@ -241,6 +259,7 @@ func hoistClientFlags(args []string) []string {
 type globalFlags struct {
 	server, token, tlsCA string
 	json                 bool
+	timeout              time.Duration // one-shot commands only
 }
 
 func (g *globalFlags) define(fs *flag.FlagSet) {

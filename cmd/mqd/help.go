@@ -31,6 +31,7 @@ Client flags (every command that talks to a server):
   --token TOKEN          env MQD_TOKEN; sent as a bearer token
   --tls-ca FILE          PEM CA bundle to trust for https servers
   --json                 print the API's JSON instead of tables
+  --timeout D            one-shot commands (not sub, bench): give up after D [15s]
 
 mqd COMMAND --help shows a command's flags.
 `)

@@ -16,9 +16,14 @@ const state = {
   rates: new Map(),   // topic -> {t, sum, rate}: publish rate from successive readings
   rendered: new Map(),// table id -> last rendered data, to skip unchanged redraws
   openHistory: new Set(), // dead-letter ids whose history is unfolded
-  busy: false,
+  busy: false,        // a topics refresh is under way
+  clusterBusy: false, // a cluster refresh is under way
   topics: [],
+  history: [],        // samples {t, topics: {name: {pub, groups: {g: {acked, dlq, backlog}}}}}
+  stale: null,        // when the topics shown came from ?stale=ok: {ms, index, node}
+  browse: null,       // {partition: "" or n, next: {partition, offset} or null, more}
 };
+const HISTORY = 60;   // samples kept: 3 minutes at 3 s
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -41,8 +46,13 @@ function el(tag, attrs, ...children) {
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 
 // api calls the HTTP API; an error answer throws with its status and code.
-async function api(method, path, body) {
-  const headers = {};
+async function api(method, path, body, extraHeaders) {
+  return (await apiFull(method, path, body, extraHeaders)).data;
+}
+
+// apiFull is api that also answers the response's headers.
+async function apiFull(method, path, body, extraHeaders) {
+  const headers = Object.assign({}, extraHeaders || {});
   const t = token();
   if (t) headers["Authorization"] = "Bearer " + t;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -59,7 +69,7 @@ async function api(method, path, body) {
     e.code = data && data.error ? data.error.code : "";
     throw e;
   }
-  return data;
+  return { data, headers: r.headers };
 }
 
 const enc = encodeURIComponent;
@@ -239,6 +249,8 @@ function renderTopicDetail() {
   $("#topic-detail").hidden = !t;
   if (!t) return;
   $("#detail-name").textContent = t.name;
+  fillPartitions(t);
+  if (!state.browse) loadBrowse(true);
   const c = t.config || {};
   $("#topic-facts").replaceChildren(
     fact("messages", fmtInt(t.messages)), fact("bytes", fmtBytes(t.bytes)),
@@ -330,7 +342,7 @@ function closeDLQ() {
 }
 
 function selectTopic(name) {
-  if (state.topic !== name) { state.group = null; $("#dlq").hidden = true; }
+  if (state.topic !== name) { state.group = null; $("#dlq").hidden = true; resetBrowse(); }
   state.topic = name;
   saveHash();
   renderTopics(state.topics);
@@ -352,7 +364,8 @@ async function loadDLQ() {
   $("#dlq").hidden = false;
   $("#dlq-name").textContent = `${t} / ${g}`;
   try {
-    const page = await api("GET", `${groupPath(t, g)}/dlq?limit=${DLQ_PAGE}&after=${state.dlqAfter}`);
+    const stale = state.stale ? "&stale=ok" : "";
+    const page = await api("GET", `${groupPath(t, g)}/dlq?limit=${DLQ_PAGE}&after=${state.dlqAfter}${stale}`);
     if (t !== state.topic || g !== state.group) return;
     state.dlqNext = page.next_after;
     renderDLQ(page);
@@ -360,7 +373,7 @@ async function loadDLQ() {
     if (e.code === "group_not_found" || e.code === "topic_not_found") {
       state.group = null; saveHash(); $("#dlq").hidden = true; return;
     }
-    banner(explain(e, "list dead letters"));
+    banner(explain(e, "list dead letters"), "refresh");
   }
 }
 
@@ -401,24 +414,78 @@ async function replayAll() {
 
 // ---- refresh loop ----
 
+// noLeader: an answer that says the cluster has no leader right now.
+function noLeader(e) { return e && e.status === 503 && (e.code === "no_leader" || e.code === "no_quorum"); }
+
+// refreshCluster draws the cluster and resource cards on their own: a
+// slow or failing topic list never holds them back.
+async function refreshCluster() {
+  if (state.clusterBusy) return;
+  state.clusterBusy = true;
+  try {
+    const c = await api("GET", "/v1/cluster");
+    renderCluster(c);
+    renderResources(c);
+  } catch (e) {
+    clusterUnavailable(e);
+  } finally {
+    state.clusterBusy = false;
+  }
+}
+
+// loadTopics reads the topic list from the leader; without one it reads
+// the answering node's own state (?stale=ok) and says how old it may be.
+async function loadTopics() {
+  try {
+    const d = await api("GET", "/v1/topics");
+    state.stale = null;
+    return d.topics || [];
+  } catch (e) {
+    if (!noLeader(e)) throw e;
+    const r = await apiFull("GET", "/v1/topics?stale=ok");
+    state.stale = { ms: Number(r.headers.get("Mq-Stale-Ms")), index: r.headers.get("Mq-Applied-Index"), why: e.message };
+    return r.data.topics || [];
+  }
+}
+
+function renderStale() {
+  // Without a leader nothing can change: the page's writes wait.
+  for (const sel of ["#tf-save", "#pf-send", "#topic-delete", "#replay-all"]) {
+    const btn = $(sel);
+    if (state.stale) btn.dataset.stale = "1";
+    if (btn.dataset.stale) { btn.disabled = !!state.stale; if (!state.stale) delete btn.dataset.stale; }
+  }
+  const b = $("#stale");
+  if (!state.stale) { b.hidden = true; b.textContent = ""; return; }
+  const age = state.stale.ms >= 0 ? `${Math.round(state.stale.ms / 1000)} s` : "an unknown time";
+  b.textContent = `No leader: the cluster has no quorum. Showing this node's own state (raft index ${state.stale.index}), ` +
+    `which may be ${age} old; changes cannot be made until a majority of the nodes is back.`;
+  b.hidden = false;
+}
+
 async function refresh() {
+  refreshCluster();
   if (state.busy) return;
   state.busy = true;
   try {
-    const [cl, tl] = await Promise.allSettled([api("GET", "/v1/cluster"), api("GET", "/v1/topics")]);
-    if (cl.status === "fulfilled") renderCluster(cl.value); else clusterUnavailable(cl.reason);
-    if (tl.status === "fulfilled") {
-      renderTopics(tl.value.topics || []);
-      if (state.topic && !state.topics.some((t) => t.name === state.topic)) { state.topic = state.group = null; saveHash(); }
-      await loadDLQ();
-      const b = $("#banner");
-      if (!b.hidden && b.className !== "info") banner("");
-    } else {
-      banner(explain(tl.reason, "list topics"));
+    let topics;
+    try {
+      topics = await loadTopics();
+    } catch (e) {
+      banner(explain(e, "list topics"), "refresh");
+      return;
     }
-    $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
+    sample(topics);
+    renderTopics(topics);
+    renderStale();
+    renderCharts();
+    if (state.topic && !state.topics.some((t) => t.name === state.topic)) { state.topic = state.group = null; saveHash(); }
+    await loadDLQ();
+    const b = $("#banner");
+    if (!b.hidden && b.className === "refresh") banner(""); // a refresh's error, not an action's
   } finally {
     state.busy = false;
+    $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
   }
 }
 
@@ -441,6 +508,7 @@ function init() {
     state.rendered.clear();
     refresh();
   });
+  initManage();
   $("#replay-all").addEventListener("click", replayAll);
   $("#dlq-close").addEventListener("click", closeDLQ);
   window.addEventListener("hashchange", followHash);
