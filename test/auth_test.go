@@ -91,6 +91,7 @@ func authMatrix() []authCase {
 		{"POST", "/v1/internal/join", map[string]any{}, "ops", "node", 400},
 		{"DELETE", "/v1/cluster/nodes/nope", nil, "ops", "node", 404},
 		{"GET", "/v1/cluster/backup", nil, "ops", "node", 200},
+		{"POST", "/v1/cluster/clock/accept", nil, "ops", "node", 200},
 		{"POST", "/debug/pprof/cmdline", nil, "admin", "monitor", 200},
 		{"GET", "/v1/openapi.yaml", nil, "", "", 200},
 		{"GET", "/ui", nil, "", "", 200},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // browsePage is the answer of GET /v1/topics/{topic}/messages.
@@ -212,8 +213,8 @@ func waitApplied(t *testing.T, c *tc.Cluster) {
 // test can count the raft entries its requests write.
 func settled(t *testing.T, l *tc.Node) {
 	t.Helper()
-	_, err := waitView(ctxFor(t, 30*time.Second), l, "state format 2 and every address", func(ci tc.ClusterInfo) bool {
-		ok := ci.StateFormat == 2 && len(ci.Nodes) == 3
+	_, err := waitView(ctxFor(t, 30*time.Second), l, "state format raised and every address", func(ci tc.ClusterInfo) bool {
+		ok := ci.StateFormat == raftfsm.StateFormat && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
 			ok = ok && n.HTTPAddr != ""
 		}
