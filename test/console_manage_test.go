@@ -236,3 +236,55 @@ func setValue(t *testing.T, b context.Context, sel, v string) {
 	js := fmt.Sprintf(`(() => { const e = document.querySelector(%q); e.value = %q; return true; })()`, sel, v)
 	mustRun(t, b, chromedp.Evaluate[bool](js))
 }
+
+// TestConsoleTracesKey: the topic page's trace box asks where the message
+// with an idempotency key is (GET .../keys/{key}) and shows its position,
+// the publishes answered as its duplicates and each group's state; a key
+// the topic does not hold says so. On the code before, the page had no
+// trace box.
+func TestConsoleTracesKey(t *testing.T) {
+	t.Parallel()
+	exe := chromium(t)
+	c := tc.Start(t, 1)
+	n := mustLeader(t, c)
+	const topic = "ui-trace"
+	mustTopic(t, n, topic, map[string]any{"partitions": 2})
+	for range 2 {
+		mustPublish(t, n, topic, "traced", map[string]string{"Idempotency-Key": "k-1"})
+	}
+	ctx := ctxFor(t, 30*time.Second)
+	msgs, _, err := n.Fetch(ctx, topic, "billing", tc.FetchRequest{Max: 1})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("fetch: %v %v", msgs, err)
+	}
+	if _, _, err := n.Ack(ctx, topic, "billing", []string{msgs[0].Receipt}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.Fetch(ctx, topic, "audit", tc.FetchRequest{Max: 1}); err != nil { // leased, not acked
+		t.Fatal(err)
+	}
+	b := browser(t, exe, 60*time.Second)
+	problems := watchConsole(t, b)
+	defer problems.check(t)
+	if err := chromedp.Do(b, chromedp.Navigate(n.URL()+"/ui#topic="+topic), chromedp.WaitVisible(`#trace-form`)); err != nil {
+		t.Fatalf("open the console: %v", err)
+	}
+	setValue(t, b, `#trace-key`, "k-1")
+	if err := chromedp.Do(b, chromedp.Click(`#trace-go`), chromedp.WaitVisible(`#trace-result`)); err != nil {
+		t.Fatal(err)
+	}
+	where := textOf(t, b, `#trace-where`)
+	if !strings.Contains(where, fmt.Sprintf("partition %d offset %d", msgs[0].Partition, msgs[0].Offset)) || !strings.Contains(where, "1 duplicate publish") {
+		t.Errorf("trace of k-1: %q, want partition %d offset %d and 1 duplicate", where, msgs[0].Partition, msgs[0].Offset)
+	}
+	states := mustRun(t, b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#trace-table tbody tr")].map(r => r.dataset.group + " " + r.cells[1].innerText + " " + r.cells[2].innerText)`))
+	if want := []string{"audit leased 1", "billing acked 1"}; strings.Join(states, ",") != strings.Join(want, ",") {
+		t.Errorf("groups of k-1: %q, want %q", states, want)
+	}
+	screenshot(t, b)
+	setValue(t, b, `#trace-key`, "nope")
+	if err := chromedp.Do(b, chromedp.Click(`#trace-go`)); err != nil {
+		t.Fatal(err)
+	}
+	waitText(t, b, `#trace-where`, "No message with key nope")
+}

@@ -342,7 +342,7 @@ function closeDLQ() {
 }
 
 function selectTopic(name) {
-  if (state.topic !== name) { state.group = null; $("#dlq").hidden = true; resetBrowse(); }
+  if (state.topic !== name) { state.group = null; $("#dlq").hidden = true; resetBrowse(); resetTrace(); }
   state.topic = name;
   saveHash();
   renderTopics(state.topics);

@@ -279,7 +279,52 @@ function renderBrowse(pg, q) {
     el("td", { title: m.published_at }, fmtTime(m.published_at)))));
 }
 
+// ---- trace a key ----
+
+function resetTrace() {
+  $("#trace-result").hidden = true;
+  $("#trace-table tbody").replaceChildren();
+  $("#trace-where").textContent = "";
+}
+
+// traceKey asks where the message with the form's key is
+// (GET /v1/topics/{t}/keys/{key}: answered from indexes, nothing consumed).
+async function traceKey(ev) {
+  ev.preventDefault();
+  const t = state.topic;
+  const key = $("#trace-key").value;
+  if (!t || !key) return;
+  resetTrace();
+  const q = state.stale ? "?stale=ok" : "";
+  try {
+    const d = await api("GET", `/v1/topics/${enc(t)}/keys/${enc(key)}${q}`);
+    if (t !== state.topic) return;
+    const dups = d.duplicates === 1 ? "1 duplicate publish" : `${d.duplicates} duplicate publishes`;
+    const at = d.published_at ? `, published ${fmtTime(d.published_at)}` : ", no longer stored (retention)";
+    $("#trace-where").textContent = `${key}: partition ${d.partition} offset ${d.offset}${at}; ${dups} answered as duplicates.`;
+    const groups = Object.entries(d.groups || {}).sort(([a], [b]) => a.localeCompare(b));
+    $("#trace-table tbody").replaceChildren(...groups.map(([g, s]) => {
+      const last = (s.history || [])[(s.history || []).length - 1];
+      return el("tr", { "data-group": g },
+        el("td", { class: "mono" }, g), el("td", { class: `state-${s.state}` }, s.state),
+        el("td", { class: "num" }, s.deliveries),
+        el("td", {}, last ? `${last.kind}: ${last.reason} (${fmtTime(last.at)})` : ""));
+    }));
+    $("#trace-table").hidden = groups.length === 0;
+    $("#trace-result").hidden = false;
+  } catch (e) {
+    if (e.status === 404 && e.code === "key_not_found") {
+      $("#trace-where").textContent = `No message with key ${key} in ${t} (or its dedup window has passed).`;
+      $("#trace-table").hidden = true;
+      $("#trace-result").hidden = false;
+      return;
+    }
+    banner(explain(e, `trace ${key} in ${t}`));
+  }
+}
+
 function initManage() {
+  $("#trace-form").addEventListener("submit", traceKey);
   $("#topic-form").addEventListener("submit", saveTopic);
   $("#publish-form").addEventListener("submit", publishMessage);
   $("#topic-edit").addEventListener("click", editTopic);
