@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/internal/faultproxy"
-	"github.com/mqd/mqd/raftfsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // The client conformance suite: every case of clients/conformance/cases.json
