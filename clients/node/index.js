@@ -118,8 +118,9 @@ export class Client {
       });
       req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer within ${timeoutMs} ms`)));
       req.on('socket', (sock) => {
-        if (!sock.connecting) sent = true; // a reused connection: the node may read the request
-        else sock.once('connect', () => { sent = true; });
+        if (!sock.connecting) { sent = true; return; } // a reused connection: the node may read the request
+        // Listeners only on a new socket: a kept-alive one would gather one per request.
+        sock.once('connect', () => { sent = true; });
         sock.once('secureConnect', () => { sent = true; });
       });
       req.on('error', fail);
