@@ -71,8 +71,10 @@ func TestExamplesPipeline(t *testing.T) {
 	pay := startStage(ctx, t, servers, "payments", paymentsArgs...)
 	var wg sync.WaitGroup
 	wg.Add(1)
+	produced := make(chan struct{})
 	go func() {
 		defer wg.Done()
+		defer close(produced)
 		out := runExample(ctx, t, servers, "java producer", "java", "-cp", classes, "pipeline/Orders.java", fmt.Sprint(pipelineOrders))
 		if got := strings.Count(out, "duplicate=false"); got != pipelineOrders {
 			t.Errorf("producer stored %d new orders, want %d:\n%s", got, pipelineOrders, out)
@@ -86,7 +88,7 @@ func TestExamplesPipeline(t *testing.T) {
 		if i%2 == 1 {
 			line, pause = "paid ", time.Duration(rand.IntN(30))*time.Millisecond
 		}
-		if !pay.killAfter(line, 1+rand.IntN(6), pause) {
+		if !pay.killAfter(ctx, produced, line, 1+rand.IntN(6), pause) {
 			break // nothing more to handle
 		}
 		kills++
@@ -301,19 +303,32 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 }
 
 // killAfter waits for the stage's n-th line starting with prefix, waits
-// pause, and kills it with SIGKILL; false when no such line came for 10 s
-// (or the stage ended).
-func (s *stage) killAfter(prefix string, n int, pause time.Duration) bool {
+// pause, and kills it with SIGKILL; false when the stage ended, ctx did, or
+// no such line came for 10 s once produced was closed (no more orders).
+func (s *stage) killAfter(ctx context.Context, produced <-chan struct{}, prefix string, n int, pause time.Duration) bool {
+	idle := time.NewTicker(10 * time.Second)
+	defer idle.Stop()
+	quiet := false
 	for seen := 0; seen < n; {
 		select {
 		case l := <-s.lines:
 			if strings.HasPrefix(l, prefix) {
 				seen++
+				quiet = false
 			}
 		case <-s.done:
 			return false
-		case <-time.After(10 * time.Second):
+		case <-ctx.Done():
 			return false
+		case <-idle.C:
+			select {
+			case <-produced:
+				if quiet {
+					return false
+				}
+				quiet = true // one more period: lines may still be on the way
+			default:
+			}
 		}
 	}
 	time.Sleep(pause)
