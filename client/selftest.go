@@ -24,6 +24,7 @@ const (
 	breakNoExtend         = "no_extend"            // the consumer never extends a lease
 	breakNackNoReason     = "nack_no_reason"       // the consumer nacks without the handler's error
 	breakHideStale        = "hide_stale"           // a stale receipt is reported as ok
+	breakPublishThenAck   = "publish_then_ack"     // ConsumeProcess publishes its outputs, then acks: two calls
 )
 
 var breaks = parseBreaks(os.Getenv(BreakEnv))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mqd/mqd/internal/faultproxy"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/raftfsm"
 )
 
 // The client conformance suite: every case of clients/conformance/cases.json
@@ -38,6 +39,13 @@ func TestClientConformance(t *testing.T) {
 		t.Fatal("no driver could be prepared")
 	}
 	c := tc.Start(t, 3)
+	for _, n := range c.Nodes() { // process is refused (503) until the state format is raised
+		if _, err := waitView(ctxFor(t, 30*time.Second), n, "state format 3", func(ci tc.ClusterInfo) bool {
+			return ci.StateFormat >= raftfsm.ProcessFormat
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s := &conformanceSuite{t: t, c: c, set: &faultproxy.Set{}}
 	for i, n := range c.Nodes() {
 		p, err := faultproxy.New(s.set, i, n.URL())
@@ -132,6 +140,7 @@ type conformanceReqs struct {
 // conformanceTopicX is the broker's state expected after a case.
 type conformanceTopicX struct {
 	Messages *int64 `json:"messages"`
+	Stored   *int64 `json:"stored"` // offsets ever given out (what retention deleted included)
 	Group    string `json:"group"`
 	Acked    *int64 `json:"acked"`
 }
@@ -508,6 +517,9 @@ func (s *conformanceSuite) checkTopic(ctx context.Context, topic string, want co
 	var p []string
 	if want.Messages != nil && st.Messages != *want.Messages {
 		p = append(p, fmt.Sprintf("topic holds %d messages, want %d", st.Messages, *want.Messages))
+	}
+	if want.Stored != nil && st.NextOffsets() != *want.Stored {
+		p = append(p, fmt.Sprintf("topic stored %d messages in all, want %d", st.NextOffsets(), *want.Stored))
 	}
 	if want.Acked != nil && st.Groups[want.Group].Acked != *want.Acked {
 		p = append(p, fmt.Sprintf("group %s acked %d, want %d", want.Group, st.Groups[want.Group].Acked, *want.Acked))

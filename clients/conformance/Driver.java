@@ -114,10 +114,30 @@ public final class Driver {
                 out.put("statuses", sts);
                 return out;
             }
+            case "process": {
+                List<Types.Output> outs = new ArrayList<>();
+                for (Object x : Json.list(st.get("outputs"))) {
+                    Map<String, Object> m = Json.obj(x);
+                    outs.add(Types.Output.of(Json.str(m, "topic"), Json.str(m, "value").getBytes(StandardCharsets.UTF_8), Json.str(m, "key")));
+                }
+                Types.ProcessResult r = c.process(topic, group, receipts, outs);
+                List<Object> dups = new ArrayList<>();
+                List<Object> offs = new ArrayList<>();
+                for (Types.PublishResult p : r.results()) {
+                    dups.add(p.duplicate());
+                    offs.add(p.offset());
+                }
+                out.put("acked", r.acked());
+                out.put("duplicate", r.duplicate());
+                out.put("duplicates", dups);
+                out.put("offsets", offs);
+                return out;
+            }
             case "sleep":
                 sleep(Json.num(st, "ms"));
                 return out;
             case "consume":
+            case "consume_process":
                 return consume(c, st, topic, group);
             case "dlq_list": {
                 Types.DLQPage p = c.deadLetters(topic, group, 0, 0, null);
@@ -150,15 +170,20 @@ public final class Driver {
         Consumer[] self = new Consumer[1];
         try (Consumer consumer = c.consumer(topic, group, co)) {
             self[0] = consumer;
-            consumer.run(m -> {
+            Consumer.ProcessHandler h = m -> {
                 try {
                     if ("throw".equals(Json.str(st, "handler"))) throw new RuntimeException(Json.str(st, "message"));
                     if ("sleep".equals(Json.str(st, "handler"))) sleep(Json.num(st, "sleep_ms"));
+                    if (!"consume_process".equals(Json.str(st, "op"))) return null;
+                    byte[] v = ("out-" + m.text()).getBytes(StandardCharsets.UTF_8); // one output derived from the message
+                    return List.of(Types.Output.of(Json.str(st, "output_topic"), v, "out-" + m.idempotencyKey));
                 } finally {
                     handled.add(m.idempotencyKey);
                     if (handled.size() >= count) self[0].stop();
                 }
-            });
+            };
+            if ("consume_process".equals(Json.str(st, "op"))) consumer.runProcess(h);
+            else consumer.run(m -> h.handle(m));
         }
         Map<String, Object> out = new LinkedHashMap<>();
         out.put("handled", new ArrayList<>(handled));

@@ -38,10 +38,16 @@ async function run(c, st, state) {
       else res = await c.extend(st.topic, st.group, rs, st.lease_ms);
       return { statuses: res.map((r) => r.status) };
     }
+    case 'process': {
+      const r = await c.process(st.topic, st.group, state.receipts || [],
+        (st.outputs || []).map((o) => ({ topic: o.topic, value: o.value ?? '', key: o.key })));
+      return { acked: r.acked, duplicate: r.duplicate, duplicates: r.results.map((x) => x.duplicate), offsets: r.results.map((x) => x.offset) };
+    }
     case 'sleep':
       await new Promise((r) => setTimeout(r, st.ms));
       return {};
     case 'consume':
+    case 'consume_process':
       return consume(c, st);
     case 'dlq_list': {
       const p = await c.deadLetters(st.topic, st.group);
@@ -59,10 +65,15 @@ async function consume(c, st) {
   const handled = [];
   const errors = [];
   const stop = new AbortController();
-  await c.consume(st.topic, st.group, async (m) => {
+  const run = st.op === 'consume_process' ? c.consumeProcess.bind(c) : c.consume.bind(c);
+  await run(st.topic, st.group, async (m) => {
     try {
       if (st.handler === 'throw') throw new Error(st.message);
       if (st.handler === 'sleep') await new Promise((r) => setTimeout(r, st.sleep_ms));
+      if (st.op === 'consume_process') { // one output derived from the message
+        return [{ topic: st.output_topic, value: Buffer.concat([Buffer.from('out-'), m.value]), key: `out-${m.idempotencyKey}` }];
+      }
+      return undefined;
     } finally {
       handled.push(m.idempotencyKey);
       if (handled.length >= (st.count ?? 1)) stop.abort();

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from mqd import BatchMessage, Client, MqdError
+from mqd import BatchMessage, Client, MqdError, Output
 
 
 def run(c, st, state):
@@ -34,10 +34,15 @@ def run(c, st, state):
         else:
             res = c.extend(st["topic"], st["group"], st["lease_ms"], *rs)
         return {"statuses": [r.status for r in res]}
+    if op == "process":
+        r = c.process(st["topic"], st["group"], state.get("receipts", []),
+                      [Output(o["topic"], o.get("value", ""), key=o.get("key")) for o in st.get("outputs", [])])
+        return {"acked": r.acked, "duplicate": r.duplicate, "duplicates": [x.duplicate for x in r.results],
+                "offsets": [x.offset for x in r.results]}
     if op == "sleep":
         time.sleep(st["ms"] / 1000.0)
         return {}
-    if op == "consume":
+    if op in ("consume", "consume_process"):
         return consume(c, st)
     if op == "dlq_list":
         page = c.dead_letters(st["topic"], st["group"])
@@ -60,6 +65,9 @@ def consume(c, st):
                 raise RuntimeError(st.get("message", ""))
             if st.get("handler") == "sleep":
                 time.sleep(st["sleep_ms"] / 1000.0)
+            if st["op"] == "consume_process":  # one output derived from the message
+                return [Output(st["output_topic"], b"out-" + m.value, key="out-" + m.idempotency_key)]
+            return None
         finally:
             with lock:
                 handled.append(m.idempotency_key)
@@ -67,7 +75,10 @@ def consume(c, st):
                     consumer.stop()
 
     with consumer:
-        consumer.run(handler, stop_on_signals=False)
+        if st["op"] == "consume_process":
+            consumer.run_process(handler, stop_on_signals=False)
+        else:
+            consumer.run(handler, stop_on_signals=False)
     return {"handled": handled, "errors": errors}
 
 

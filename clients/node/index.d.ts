@@ -105,6 +105,25 @@ export interface ReceiptResult {
   status: 'ok' | 'stale' | 'invalid' | string;
 }
 
+/** One message a process() call publishes, to any topic; key is its own Idempotency-Key. */
+export interface Output {
+  topic: string;
+  value: string | Uint8Array;
+  key?: string;
+  partitionKey?: string;
+  delayMs?: number;
+  maxRetry?: number;
+  attrs?: Record<string, string>;
+}
+
+/** The answer of process(); duplicate: the kept answer of an earlier call with the same receipts. */
+export interface ProcessResult {
+  acked: number;
+  duplicate: boolean;
+  results: PublishResult[];
+  raw: Record<string, unknown>;
+}
+
 export interface FetchOptions extends CallOptions {
   max?: number;
   waitMs?: number;
@@ -161,6 +180,9 @@ export class Client {
   ack(topic: string, group: string, receipts: string[], opts?: CallOptions): Promise<ReceiptResult[]>;
   nack(topic: string, group: string, receipts: string[], opts?: NackOptions): Promise<ReceiptResult[]>;
   extend(topic: string, group: string, receipts: string[], leaseMs: number, opts?: CallOptions): Promise<ReceiptResult[]>;
+  process(topic: string, group: string, receipts: string[], outputs?: Output[], opts?: CallOptions): Promise<ProcessResult>;
+  consumeProcess(topic: string, group: string,
+    handler: (m: Message) => Output[] | void | Promise<Output[] | void>, opts?: ConsumeOptions): Promise<void>;
   consume(topic: string, group: string, handler: (m: Message) => unknown | Promise<unknown>, opts?: ConsumeOptions): Promise<void>;
   messages(topic: string, group: string, opts?: ConsumeOptions): AsyncGenerator<Delivery, void, undefined>;
   deadLetters(topic: string, group: string, opts?: CallOptions & { limit?: number; after?: number; key?: string }):

@@ -118,8 +118,9 @@ export class Client {
       });
       req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer within ${timeoutMs} ms`)));
       req.on('socket', (sock) => {
-        if (!sock.connecting) sent = true; // a reused connection: the node may read the request
-        else sock.once('connect', () => { sent = true; });
+        if (!sock.connecting) { sent = true; return; } // a reused connection: the node may read the request
+        // Listeners only on a new socket: a kept-alive one would gather one per request.
+        sock.once('connect', () => { sent = true; });
         sock.once('secureConnect', () => { sent = true; });
       });
       req.on('error', fail);
@@ -284,6 +285,31 @@ export class Client {
   }
 
   /**
+   * Acks receipts of topic's group and publishes outputs ([{topic, value,
+   * key, partitionKey, delayMs, maxRetry, attrs}]) as one atomic step (SPEC
+   * section 10): all or nothing. Retried like an ack, with the same receipts
+   * and outputs: a repeat answers the first call's outcome with duplicate
+   * true. A stale or invalid receipt refuses the whole call (MqdError 409,
+   * code stale_receipt; nothing was published).
+   */
+  async process(topic, group, receipts, outputs = [], o = {}) {
+    const publish = outputs.map((m) => {
+      const v = typeof m.value === 'string' ? Buffer.from(m.value) : Buffer.from(m.value ?? []);
+      const it = { topic: m.topic, value_b64: v.toString('base64') };
+      if (m.key) it.idempotency_key = m.key;
+      if (m.partitionKey) it.partition_key = m.partitionKey;
+      if (m.delayMs > 0) it.delay_ms = Math.trunc(m.delayMs);
+      if (m.maxRetry != null && m.maxRetry >= 0) it.max_retry = m.maxRetry;
+      if (m.attrs && Object.keys(m.attrs).length) it.attrs = m.attrs;
+      return it;
+    });
+    const { data } = await this.json('POST', `${groupPath(topic, group)}/process`, { ack: receipts, publish },
+      { signal: o.signal, deadlineMs: o.deadlineMs });
+    const results = (data.results || []).map((r) => ({ topic: r.topic, partition: r.partition, offset: r.offset, duplicate: !!r.duplicate, raw: r }));
+    return { acked: data.acked || 0, duplicate: !!data.duplicate, results, raw: data };
+  }
+
+  /**
    * Runs handler on every message until opts.signal aborts (or SIGINT/SIGTERM
    * with stopOnSignals), then resolves once running handlers are settled.
    * Fetches only as many as there are free handlers (concurrency), extends
@@ -293,6 +319,22 @@ export class Client {
    */
   async consume(topic, group, handler, opts = {}) {
     const c = new Consumer(this, topic, group, opts);
+    return c.run(handler);
+  }
+
+  /**
+   * consume() with a handler that resolves to the messages derived from its
+   * message (outputs as for process(), or nothing): they are published with
+   * the message's ack in one process call, so each message yields its
+   * outputs exactly once whatever crashes or retries happen. A call refused
+   * as stale (the lease was lost; the next delivery decides) or still
+   * failing after its retries publishes nothing and is reported to onError;
+   * one refused otherwise (unknown output topic, too large...) nacks the
+   * message with the error's message. A handler that throws is nacked.
+   */
+  async consumeProcess(topic, group, handler, opts = {}) {
+    const c = new Consumer(this, topic, group, opts);
+    c.process = true;
     return c.run(handler);
   }
 
@@ -401,6 +443,7 @@ class Consumer {
       else o.signal.addEventListener('abort', () => this.abort.abort(), { once: true });
     }
     this.backoff = client.retryBackoffMs;
+    this.process = false; // consumeProcess: settle with a process call
   }
 
   stop() { this.abort.abort(); }
@@ -472,14 +515,40 @@ class Consumer {
   async handle(m, handler) {
     const stop = this.keepLease(m);
     let err = null;
+    let outs;
     try {
-      await handler(m);
+      outs = await handler(m);
     } catch (e) {
       err = e ?? new Error('handler failed');
     } finally {
       stop();
     }
-    await this.settle(m, err);
+    if (this.process && err === null) await this.settleProcess(m, outs || []);
+    else await this.settle(m, err);
+  }
+
+  /** Publishes outs and acks m in one process call; nacks m when the call is refused as a whole. */
+  async settleProcess(m, outs) {
+    if (m.leaseLost) return; // already reported; the next delivery decides
+    if (BREAKS.has('publish_then_ack')) { // the gap process closes: two calls
+      try {
+        for (const o of outs) await this.c.publish(o.topic, o.value, o);
+      } catch (e) {
+        await this.settle(m, e);
+        return;
+      }
+      await this.settle(m, null);
+      return;
+    }
+    try {
+      await this.c.process(this.topic, this.group, [m.receipt], outs);
+    } catch (e) {
+      if (e instanceof MqdError && (e.code === 'stale_receipt' || e.retryable)) {
+        this.report(`process ${m.topic}/${m.partition}@${m.offset}`, e); // the lease ends by itself
+        return;
+      }
+      await this.settle(m, e); // refused as a whole (unknown output topic, too large...): nack
+    }
   }
 
   async run(handler) {

@@ -49,9 +49,12 @@ type step struct {
 	SleepMs      int               `json:"sleep_ms"`
 	Count        int               `json:"count"`
 	Messages     []batchItem       `json:"messages"`
+	Outputs      []batchItem       `json:"outputs"`
+	OutputTopic  string            `json:"output_topic"`
 }
 
 type batchItem struct {
+	Topic        string            `json:"topic"`
 	Value        string            `json:"value"`
 	Key          string            `json:"key"`
 	PartitionKey string            `json:"partition_key"`
@@ -145,7 +148,9 @@ func (d *driver) run(ctx context.Context, s step) (map[string]any, error) {
 	case "sleep":
 		time.Sleep(ms(s.Ms))
 		return map[string]any{}, nil
-	case "consume":
+	case "process":
+		return d.process(ctx, s)
+	case "consume", "consume_process":
 		return d.consume(ctx, s)
 	case "dlq_list", "dlq_replay":
 		return d.deadLetters(ctx, s)
@@ -173,6 +178,23 @@ func (d *driver) settle(ctx context.Context, s step) (map[string]any, error) {
 		st = append(st, r.Status)
 	}
 	return map[string]any{"statuses": st}, nil
+}
+
+// process acks the receipts of the last fetch and publishes s.Outputs in one call.
+func (d *driver) process(ctx context.Context, s step) (map[string]any, error) {
+	var outs []client.Output
+	for _, o := range s.Outputs {
+		outs = append(outs, client.Output{Topic: o.Topic, Value: []byte(o.Value), IdempotencyKey: o.Key})
+	}
+	r, err := d.c.Process(ctx, s.Topic, s.Group, d.receipts, outs)
+	if err != nil {
+		return nil, err
+	}
+	dups, offs := []bool{}, []uint64{}
+	for _, x := range r.Results {
+		dups, offs = append(dups, x.Duplicate), append(offs, x.Offset)
+	}
+	return map[string]any{"acked": r.Acked, "duplicate": r.Duplicate, "duplicates": dups, "offsets": offs}, nil
 }
 
 // deadLetters lists the group's dead letters (keeping their ids) or replays them.
@@ -229,7 +251,18 @@ func (d *driver) consume(ctx context.Context, s step) (map[string]any, error) {
 		reports = append(reports, err.Error())
 		mu.Unlock()
 	}
-	err := d.c.Consume(ctx, s.Topic, s.Group, h, client.ConsumeOptions{Lease: ms(s.LeaseMs), Wait: ms(s.WaitMs), OnError: onErr})
+	o := client.ConsumeOptions{Lease: ms(s.LeaseMs), Wait: ms(s.WaitMs), OnError: onErr}
+	var err error
+	if s.Op == "consume_process" { // one output derived from each message
+		err = d.c.ConsumeProcess(ctx, s.Topic, s.Group, func(hctx context.Context, m *client.Message) ([]client.Output, error) {
+			if err := h(hctx, m); err != nil {
+				return nil, err
+			}
+			return []client.Output{{Topic: s.OutputTopic, Value: append([]byte("out-"), m.Value...), IdempotencyKey: "out-" + m.IdempotencyKey}}, nil
+		}, o)
+	} else {
+		err = d.c.Consume(ctx, s.Topic, s.Group, h, o)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	return map[string]any{"handled": handled, "errors": reports}, err

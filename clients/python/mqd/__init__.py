@@ -9,11 +9,11 @@
 
 See README.md and docs/clients.md for the rules it follows.
 """
-from .client import (BatchMessage, Client, DeadLetter, DLQPage, Message, PublishResult, ReceiptResult,
-                     ReplayResult)
+from .client import (BatchMessage, Client, DeadLetter, DLQPage, Message, Output, ProcessResult, PublishResult,
+                     ReceiptResult, ReplayResult)
 from .consumer import Consumer
 from .errors import MqdError, Reject, TransportError
 
-__all__ = ["BatchMessage", "Client", "Consumer", "DeadLetter", "DLQPage", "Message", "MqdError",
-           "PublishResult", "ReceiptResult", "Reject", "ReplayResult", "TransportError"]
+__all__ = ["BatchMessage", "Client", "Consumer", "DeadLetter", "DLQPage", "Message", "MqdError", "Output",
+           "ProcessResult", "PublishResult", "ReceiptResult", "Reject", "ReplayResult", "TransportError"]
 __version__ = "0.1.0"

@@ -51,6 +51,30 @@ class BatchMessage:
 
 
 @dataclass
+class Output:
+    """One message a ``process`` call publishes, to any topic. ``key`` is its
+    own Idempotency-Key (dedups it in its topic's window)."""
+    topic: str
+    value: Union[bytes, str]
+    key: Optional[str] = None
+    partition_key: Optional[str] = None
+    delay_ms: Optional[int] = None
+    max_retry: Optional[int] = None
+    attrs: Optional[Mapping[str, str]] = None
+
+
+@dataclass
+class ProcessResult:
+    """The answer of ``process``: the receipts acked and where each output
+    went, in order; ``duplicate`` when it is the kept answer of an earlier
+    call with the same receipts (a retry after a lost answer)."""
+    acked: int
+    duplicate: bool
+    results: List[PublishResult]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
 class Message:
     """A fetched (leased) message. ``value`` is the payload's bytes."""
     topic: str
@@ -439,6 +463,34 @@ class Client:
         if "hide_stale" in _BREAKS:
             out = [ReceiptResult(x.receipt, "ok" if x.status == "stale" else x.status) for x in out]
         return out
+
+    def process(self, topic: str, group: str, receipts: Sequence[str], outputs: Iterable[Output] = (), *,
+                deadline: Optional[float] = None) -> ProcessResult:
+        """Acks receipts of topic's group and publishes outputs as one atomic
+        step (SPEC section 10): all or nothing. Retried like an ack, with the
+        same receipts and outputs: a repeat answers the first call's outcome
+        with ``duplicate`` set. A stale or invalid receipt refuses the whole
+        call (MqdError 409, code ``stale_receipt``; nothing was published)."""
+        pub = []
+        for o in outputs:
+            v = o.value.encode() if isinstance(o.value, str) else bytes(o.value)
+            it: Dict[str, Any] = {"topic": o.topic, "value_b64": base64.b64encode(v).decode()}
+            if o.key:
+                it["idempotency_key"] = o.key
+            if o.partition_key:
+                it["partition_key"] = o.partition_key
+            if o.delay_ms:
+                it["delay_ms"] = int(o.delay_ms)
+            if o.max_retry is not None and o.max_retry >= 0:
+                it["max_retry"] = o.max_retry
+            if o.attrs:
+                it["attrs"] = dict(o.attrs)
+            pub.append(it)
+        _, r = self._json("POST", _group(topic, group) + "/process", {"ack": list(receipts), "publish": pub},
+                          deadline=deadline)
+        res = [PublishResult(x.get("topic", ""), x["partition"], x["offset"], x.get("duplicate", False), x)
+               for x in r.get("results") or []]
+        return ProcessResult(r.get("acked", 0), r.get("duplicate", False), res, r)
 
     def consumer(self, topic: str, group: str, **options: Any) -> "Consumer":
         """A consumer loop for topic and group; see mqd.Consumer."""

@@ -2,14 +2,15 @@
 alive, ack on success, nack with the error on failure."""
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional
 
 from .errors import MqdError, Reject
 
 if TYPE_CHECKING:
-    from .client import Client, Message
+    from .client import Client, Message, Output
 
 Handler = Callable[["Message"], Any]
+ProcessHandler = Callable[["Message"], Optional[Iterable["Output"]]]
 
 
 class Consumer:
@@ -30,6 +31,15 @@ class Consumer:
     a fetch that retrying cannot fix (topic_not_found, forbidden...). on_error
     hears of what it carries on after: failed fetches it retries, failed
     settles and extends, receipts answered stale or invalid.
+
+    run_process(handler) is the same loop with a handler that returns the
+    messages derived from its message (a list of mqd.Output, or None): they
+    are published with the message's ack in one ``process`` call (SPEC
+    section 10), so each message yields its outputs exactly once whatever
+    crashes or retries happen. A call refused as stale (the lease was lost;
+    the next delivery decides) or still failing after its retries publishes
+    nothing and is reported to on_error; one refused otherwise (unknown
+    output topic, too large...) nacks the message with the error's text.
     """
 
     def __init__(self, client: "Client", topic: str, group: str, *, lease_ms: int = 30000, wait_ms: int = 10000,
@@ -43,6 +53,7 @@ class Consumer:
         self._on_error = on_error
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
+        self._process = False
 
     def __enter__(self) -> "Consumer":
         return self
@@ -64,7 +75,16 @@ class Consumer:
             self._on_error(err)
 
     def run(self, handler: Handler, *, stop_on_signals: bool = True) -> None:
+        self._run(handler, False, stop_on_signals)
+
+    def run_process(self, handler: ProcessHandler, *, stop_on_signals: bool = True) -> None:
+        """run() with a handler whose outputs are published with its
+        message's ack in one process call (see the class's doc)."""
+        self._run(handler, True, stop_on_signals)
+
+    def _run(self, handler: Callable[["Message"], Any], process: bool, stop_on_signals: bool) -> None:
         restore = self._install_signals() if stop_on_signals else []
+        self._process = process
         try:
             self._loop(handler)
         finally:
@@ -122,17 +142,44 @@ class Consumer:
         keeper = threading.Thread(target=self._keep_lease, args=(m, done), daemon=True)
         keeper.start()
         err: Optional[BaseException] = None
+        outs: Any = None
         try:
-            handler(m)
+            outs = handler(m)
         except Exception as e:  # the handler failed: nack with its text
             err = e
         finally:
             done.set()
             keeper.join()
         try:
-            self._settle(m, err)
+            if self._process and err is None:
+                self._settle_process(m, list(outs or []))
+            else:
+                self._settle(m, err)
         finally:
             slots.release()
+
+    def _settle_process(self, m: "Message", outs: List["Output"]) -> None:
+        if m.lease_lost:
+            return  # already reported; the next delivery decides
+        from .client import _BREAKS
+        where = f"process {m.topic}/{m.partition}@{m.offset}"
+        if "publish_then_ack" in _BREAKS:  # the gap process closes: two calls
+            try:
+                for o in outs:
+                    self._c.publish(o.topic, o.value, key=o.key, partition_key=o.partition_key,
+                                    delay_ms=o.delay_ms, max_retry=o.max_retry, attrs=o.attrs)
+            except MqdError as e:
+                self._settle(m, e)
+                return
+            self._settle(m, None)
+            return
+        try:
+            self._c.process(self.topic, self.group, [m.receipt], outs)
+        except MqdError as e:
+            if e.code == "stale_receipt" or e.retryable:
+                self._report(MqdError(e.status, e.code, f"{where}: {e}"))
+                return  # the lease ends by itself; the next delivery decides
+            self._settle(m, e)  # refused as a whole (unknown output topic, too large...): nack
 
     def _settle(self, m: "Message", err: Optional[BaseException]) -> None:
         if m.lease_lost:

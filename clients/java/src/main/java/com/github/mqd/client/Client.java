@@ -3,6 +3,8 @@ package com.github.mqd.client;
 import com.github.mqd.client.Types.BatchMessage;
 import com.github.mqd.client.Types.DLQPage;
 import com.github.mqd.client.Types.DeadLetter;
+import com.github.mqd.client.Types.Output;
+import com.github.mqd.client.Types.ProcessResult;
 import com.github.mqd.client.Types.PublishOptions;
 import com.github.mqd.client.Types.PublishResult;
 import com.github.mqd.client.Types.ReceiptResult;
@@ -382,6 +384,35 @@ public final class Client implements AutoCloseable {
             out.add(new ReceiptResult(Json.str(m, "receipt"), st));
         }
         return out;
+    }
+
+    /**
+     * Acks receipts of topic's group and publishes outputs as one atomic step
+     * (SPEC section 10): all or nothing. Retried like an ack, with the same
+     * receipts and outputs: a repeat answers the first call's outcome with
+     * duplicate set. A stale or invalid receipt refuses the whole call
+     * (MqdException 409, code stale_receipt; nothing was published).
+     */
+    public ProcessResult process(String topic, String group, List<String> receipts, List<Output> outputs) {
+        List<Object> pub = new ArrayList<>();
+        for (Output o : outputs == null ? List.<Output>of() : outputs) {
+            Map<String, Object> it = new LinkedHashMap<>();
+            it.put("topic", o.topic());
+            it.put("value_b64", Base64.getEncoder().encodeToString(o.value() == null ? new byte[0] : o.value()));
+            if (o.key() != null && !o.key().isEmpty()) it.put("idempotency_key", o.key());
+            if (o.partitionKey() != null && !o.partitionKey().isEmpty()) it.put("partition_key", o.partitionKey());
+            if (o.delayMs() > 0) it.put("delay_ms", o.delayMs());
+            if (o.maxRetry() != null && o.maxRetry() >= 0) it.put("max_retry", o.maxRetry());
+            if (o.attrs() != null && !o.attrs().isEmpty()) it.put("attrs", o.attrs());
+            pub.add(it);
+        }
+        Map<String, Object> body = new LinkedHashMap<>();
+        body.put("ack", receipts);
+        body.put("publish", pub);
+        Map<String, Object> r = json("POST", groupPath(topic, group) + "/process", body);
+        List<PublishResult> res = new ArrayList<>();
+        for (Object x : Json.list(r.get("results"))) res.add(result("", Json.obj(x)));
+        return new ProcessResult(Json.num(r, "acked"), Boolean.TRUE.equals(r.get("duplicate")), res, r);
     }
 
     /** A consumer loop for topic and group (see {@link Consumer}). */

@@ -1,5 +1,6 @@
 package com.github.mqd.client;
 
+import com.github.mqd.client.Types.Output;
 import com.github.mqd.client.Types.ReceiptResult;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
@@ -35,6 +36,16 @@ public final class Consumer implements AutoCloseable {
     @FunctionalInterface
     public interface Handler {
         void handle(Message m) throws Exception;
+    }
+
+    /**
+     * The application's work on one message, answering the messages derived
+     * from it (null: none): {@link #runProcess} publishes them with the
+     * message's ack in one process call. Throwing nacks the message.
+     */
+    @FunctionalInterface
+    public interface ProcessHandler {
+        List<Output> handle(Message m) throws Exception;
     }
 
     /** Options of a consumer loop. */
@@ -123,6 +134,24 @@ public final class Consumer implements AutoCloseable {
 
     /** Runs h on every message until stopped; throws the MqdException of a fetch that retrying cannot fix. */
     public void run(Handler h) {
+        loop(m -> {
+            h.handle(m);
+            return null;
+        }, false);
+    }
+
+    /**
+     * {@link #run} with a handler whose outputs are published with its
+     * message's ack in one process call (SPEC section 10), so each message
+     * yields its outputs exactly once whatever crashes or retries happen. A
+     * call refused as stale (the lease was lost; the next delivery decides)
+     * or still failing after its retries publishes nothing and is reported to
+     * onError; one refused otherwise (unknown output topic, too large...)
+     * nacks the message with the error's message.
+     */
+    public void runProcess(ProcessHandler h) { loop(h, true); }
+
+    private void loop(ProcessHandler h, boolean process) {
         running = true;
         ExecutorService workers = Executors.newFixedThreadPool(o.concurrency, daemons("mqd-handler"));
         ScheduledExecutorService ticker = Executors.newScheduledThreadPool(Math.min(o.concurrency, 4), daemons("mqd-lease"));
@@ -153,7 +182,7 @@ public final class Consumer implements AutoCloseable {
                 for (Message m : msgs) { // leased to us: handled even when a stop came meanwhile
                     workers.execute(() -> {
                         try {
-                            handle(m, h, ticker);
+                            handle(m, h, process, ticker);
                         } finally {
                             slots.release();
                         }
@@ -175,7 +204,7 @@ public final class Consumer implements AutoCloseable {
         }
     }
 
-    private void handle(Message m, Handler h, ScheduledExecutorService ticker) {
+    private void handle(Message m, ProcessHandler h, boolean process, ScheduledExecutorService ticker) {
         ScheduledFuture<?> keeper = null;
         AtomicBoolean finished = new AtomicBoolean();
         if (!Client.BREAKS.contains("no_extend")) {
@@ -183,15 +212,45 @@ public final class Consumer implements AutoCloseable {
             keeper = ticker.scheduleAtFixedRate(() -> extend(m, finished), every, every, TimeUnit.MILLISECONDS);
         }
         Exception err = null;
+        List<Output> outs = null;
         try {
-            h.handle(m);
+            outs = h.handle(m);
         } catch (Exception e) {
             err = e;
         } finally {
             finished.set(true);
             if (keeper != null) keeper.cancel(false);
         }
-        settle(m, err);
+        if (process && err == null) settleProcess(m, outs == null ? List.of() : outs);
+        else settle(m, err);
+    }
+
+    private void settleProcess(Message m, List<Output> outs) {
+        if (m.leaseLost) return; // already reported; the next delivery decides
+        if (Client.BREAKS.contains("publish_then_ack")) { // the gap process closes: two calls
+            try {
+                for (Output o : outs) {
+                    Types.PublishOptions po = new Types.PublishOptions().key(o.key()).partitionKey(o.partitionKey())
+                            .delayMs(o.delayMs()).attrs(o.attrs());
+                    if (o.maxRetry() != null) po.maxRetry(o.maxRetry());
+                    c.publish(o.topic(), o.value(), po);
+                }
+            } catch (MqdException e) {
+                settle(m, e);
+                return;
+            }
+            settle(m, null);
+            return;
+        }
+        try {
+            c.process(topic, group, List.of(m.receipt), outs);
+        } catch (MqdException e) {
+            if ("stale_receipt".equals(e.code()) || e.retryable()) {
+                report("process " + m.topic + "/" + m.partition + "@" + m.offset, e); // the lease ends by itself
+                return;
+            }
+            settle(m, e); // refused as a whole (unknown output topic, too large...): nack
+        }
     }
 
     private void extend(Message m, AtomicBoolean finished) {

@@ -21,6 +21,22 @@ public final class Types {
         public static BatchMessage of(byte[] value, String key) { return new BatchMessage(value, key, null, 0, null, null); }
     }
 
+    /**
+     * One message a process call publishes, to any topic; key is its own
+     * Idempotency-Key (dedups it in its topic's window). maxRetry null: the topic's.
+     */
+    public record Output(String topic, byte[] value, String key, String partitionKey, long delayMs, Integer maxRetry,
+            Map<String, String> attrs) {
+        public static Output of(String topic, byte[] value, String key) { return new Output(topic, value, key, null, 0, null, null); }
+    }
+
+    /**
+     * The answer of process: the receipts acked and where each output went, in
+     * order; duplicate when it is the kept answer of an earlier call with the
+     * same receipts (a retry after a lost answer).
+     */
+    public record ProcessResult(long acked, boolean duplicate, List<PublishResult> results, Map<String, Object> raw) {}
+
     /** A page of dead letters; nextAfter is null on the last page. */
     public record DLQPage(List<DeadLetter> deadLetters, Long nextAfter) {}
 
