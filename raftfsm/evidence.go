@@ -129,3 +129,10 @@ func copyFileSync(src, dst string) error {
 	}
 	return syncDir(filepath.Dir(dst))
 }
+
+// appliedFloor is the highest index this node's state is known to have
+// applied: its applied index, or, after an unclean stop rolled fsm.db back
+// to its checkpoint, what the live tree had applied before, whichever is
+// higher. guardedLog refuses to replace entries up to it (f.live is set
+// in OpenFSM, before raft starts, and never changes).
+func (f *FSM) appliedFloor() uint64 { return max(f.AppliedIndex(), f.live[0]) }

@@ -188,7 +188,7 @@ func Open(cfg Config) (*Node, error) {
 	removeCompactLeftover(fsm.path)
 	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
 	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
-	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
+	n.checkClockAtStart(fsm.Now())              // before anything records the clock again
 	fsm.OnRecovery(n.metrics.recovery)
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
