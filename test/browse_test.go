@@ -66,6 +66,7 @@ func viewOf(t *testing.T, l *tc.Node, topic string) browseView {
 // before the route, the GET answers 405 and `mqd peek` is an unknown
 // command.
 func TestBrowseChangesNothing(t *testing.T) {
+	t.Parallel()
 	c := tc.Start(t, 3)
 	l, fs := mustRoles(t, c)
 	f := fs[0]

@@ -29,6 +29,7 @@ import (
 // each case runs a second time with the rule it checks switched off in the
 // client (MQD_CLIENT_BREAK=<broken_by>) and must fail then.
 func TestClientConformance(t *testing.T) {
+	t.Parallel()
 	root, err := tc.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 // read waited its whole 10 s deadline and answered "no quorum: the write
 // could not be committed in time", and ?stale=ok was a 400.
 func TestReadsWithoutQuorum(t *testing.T) {
+	t.Parallel()
 	c := tc.Start(t, 3)
 	l, fs := mustRoles(t, c)
 	mustTopic(t, l, "q", map[string]any{"partitions": 2})
@@ -124,6 +125,7 @@ func checkNoLeaderRead(t *testing.T, s *tc.Node, path string) {
 // followers answered 503 "unavailable: forward to leader ...: the server
 // closed connection before returning the first response byte. ..."
 func TestLeaderKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	c := tc.Start(t, 3)
 	l, fs := mustRoles(t, c)
 	mustTopic(t, l, "load", map[string]any{"partitions": 4})
