@@ -290,21 +290,28 @@ func places(ms []tc.Message) string {
 	return strings.Join(ps, " ")
 }
 
-// readAll fetches procOut through the audit group (long leases, so that
-// nothing comes twice) until it has want messages or two fetches answer
-// none.
+// readAll fetches procOut through the audit group until it has seen want
+// stored positions, or nothing new came for longer than the audit lease
+// (a fetch whose answer was lost leases its messages until then), for at
+// most two minutes. Each position counts once.
 func readAll(c *tc.Cluster, want int64) ([]tc.Message, error) {
+	const lease = 10 * time.Second
+	seen := map[pos]bool{}
 	var out []tc.Message
-	for empty := 0; empty < 2 && int64(len(out)) < want; {
+	deadline, lastNew := time.Now().Add(2*time.Minute), time.Now()
+	for int64(len(out)) < want && time.Now().Before(deadline) && time.Since(lastNew) < lease+5*time.Second {
 		var fr tc.FetchResult
 		if err := call(c, http.MethodPost, groupPath(procOut, procAudit)+"/fetch",
-			fetchBody{Max: 1000, LeaseMs: 600000}, &fr); err != nil {
+			fetchBody{Max: 1000, WaitMs: 1000, LeaseMs: int(lease.Milliseconds())}, &fr); err != nil {
 			return nil, err
 		}
-		if len(fr.Messages) == 0 {
-			empty++
+		for _, m := range fr.Messages {
+			if at := (pos{m.Partition, m.Offset}); !seen[at] {
+				seen[at] = true
+				out = append(out, m)
+				lastNew = time.Now()
+			}
 		}
-		out = append(out, fr.Messages...)
 	}
 	return out, nil
 }
