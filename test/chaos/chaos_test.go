@@ -145,7 +145,7 @@ func TestChaosProcess(t *testing.T) {
 	}
 }
 
-// TestSoak is one long run, power cuts included: go test ./test/chaos/ -run Soak -soak=30m -timeout 60m -v
+// TestSoak is one long run, power cuts and the processing workload included: go test ./test/chaos/ -run Soak -soak=30m -timeout 60m -v
 func TestSoak(t *testing.T) {
 	if *soakFlag <= 0 {
 		t.Skip("soak disabled; run with -soak=30m (and a -timeout above it)")
