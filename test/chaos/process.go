@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,14 +272,18 @@ func (pw *procWorkload) halt() {
 	pw.prodWG.Wait()
 }
 
-// stopFaults ends the producers (each retries its current key for up to a
-// minute) and the stage nemesis, and leaves every stage running.
-func (pw *procWorkload) stopFaults() {
-	if pw.giveUp.Load() == 0 {
-		pw.giveUp.Store(time.Now().Add(time.Minute).UnixNano())
-	}
+// endFaults tells the producers to start no new key (each retries its
+// current one for up to a minute more) and the stage nemesis to stop.
+func (pw *procWorkload) endFaults() {
+	pw.giveUp.CompareAndSwap(0, time.Now().Add(time.Minute).UnixNano())
 	pw.stopNew.Store(true)
 	pw.stopNem.Store(true)
+}
+
+// stopFaults ends the producers and the stage nemesis (endFaults) and
+// leaves every stage running.
+func (pw *procWorkload) stopFaults() {
+	pw.endFaults()
 	pw.nemWG.Wait()
 	pw.prodWG.Wait()
 	for _, s := range pw.stages {
@@ -307,6 +312,7 @@ type stageEvent struct {
 	Code string   `json:"code"`
 	Msg  string   `json:"msg"`
 	R    int      `json:"r"`
+	Sts  []string `json:"statuses"`
 }
 
 func (pw *procWorkload) kp(key string) *keyProc {
@@ -351,13 +357,18 @@ func (pw *procWorkload) record(line []byte) {
 	case ev.E == "publish" && ev.St/100 == 2:
 		pw.kp(ev.K).publishes++
 		pw.events["split publish 2xx"]++
+	case ev.E == "ack" && slices.Contains(ev.Sts, "stale"):
+		pw.events["split ack stale"]++
 	case ev.E == "error" && strings.Contains(ev.Msg, "lease lost"):
 		pw.events["lease lost (extend stale)"]++
 	default:
 		kind := ev.E
-		if ev.St != 0 {
+		switch {
+		case ev.St != 0 && ev.Code != "":
 			kind += fmt.Sprintf(" %d %s", ev.St, ev.Code)
-		} else if ev.Msg == "" && ev.E != "error" {
+		case ev.St != 0:
+			kind += fmt.Sprintf(" %d", ev.St)
+		case ev.E != "error":
 			kind += " no answer"
 		}
 		pw.events[kind]++

@@ -251,8 +251,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 	// Heal, let the producers finish their current keys, drain.
 	w.stopNew.Store(true)
 	if pw != nil {
-		pw.stopNew.Store(true)
-		pw.stopNem.Store(true)
+		pw.endFaults()
 	}
 	nm.HealAll()
 	if err := nm.waitReady(90*time.Second, "final heal"); err != nil {
