@@ -128,6 +128,13 @@ func newProcWorkload(t *testing.T, cfg Config, nodes []*tc.Node, caPath string) 
 	if pw.bin == "" {
 		pw.bin = buildStage(t, dir)
 	}
+	if cfg.Keep != "" {
+		t.Cleanup(func() {
+			if t.Failed() {
+				pw.keepLogs()
+			}
+		})
+	}
 	urls := make([]string, len(nodes))
 	for i, n := range nodes {
 		urls[i] = n.URL()
@@ -296,6 +303,25 @@ func (pw *procWorkload) stopFaults() {
 	}
 }
 
+// keepLogs copies the stages' logs (their stderr, their reports and the
+// harness's starts and signals, timestamped) to cfg.Keep/seed-N-stages.
+func (pw *procWorkload) keepLogs() {
+	dst := filepath.Join(pw.cfg.Keep, fmt.Sprintf("seed-%d-stages", pw.cfg.Seed))
+	logs, _ := filepath.Glob(filepath.Join(pw.logDir, "*.log"))
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err == nil {
+			err = os.MkdirAll(dst, 0o755)
+		}
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dst, filepath.Base(l)), b, 0o644)
+		}
+		if err != nil {
+			pw.t.Logf("keep stage logs: %v", err)
+		}
+	}
+}
+
 func (pw *procWorkload) killStages() {
 	for _, s := range pw.stages {
 		s.kill()
@@ -390,7 +416,10 @@ func (s *stageProc) start() error {
 		return err
 	}
 	cmd := exec.Command(s.pw.bin, append(append([]string(nil), s.pw.args...), "-name", s.name)...)
-	cmd.Stdout = &lineWriter{fn: s.pw.record}
+	cmd.Stdout = &lineWriter{fn: func(line []byte) {
+		fmt.Fprintf(logf, "%s report %s\n", time.Now().UTC().Format("15:04:05.000"), line)
+		s.pw.record(line)
+	}}
 	cmd.Stderr = logf
 	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
 	if err := cmd.Start(); err != nil {
@@ -409,7 +438,18 @@ func (s *stageProc) start() error {
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
+	s.note("started, pid %d", cmd.Process.Pid)
 	return nil
+}
+
+// note appends a timestamped line of the harness to the stage's log.
+func (s *stageProc) note(format string, args ...any) {
+	f, err := os.OpenFile(filepath.Join(s.pw.logDir, s.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, "%s === %s\n", time.Now().UTC().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	f.Close()
 }
 
 func (s *stageProc) running() bool {
@@ -430,8 +470,8 @@ func (s *stageProc) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	cmd := s.cmd
 	s.mu.Unlock()
-	if cmd != nil && cmd.Process != nil {
-		cmd.Process.Signal(sig)
+	if cmd != nil && cmd.Process != nil && cmd.Process.Signal(sig) == nil {
+		s.note("%v", sig)
 	}
 }
 
