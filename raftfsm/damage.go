@@ -244,34 +244,3 @@ func (f *FSM) OnRecovery(fn func(reason string)) {
 	f.pendingRec = nil
 }
 
-// ResetEmpty sets fsm.db aside (renamed to fsm.db.damaged-<UTC time>) and
-// starts an empty state in its place, at applied index 0, so that raft
-// restores its latest snapshot and replays its log into it, or the leader
-// sends one. It is for a state that must not be used (lostlog: a state
-// ahead of the log), and must be called before raft starts. reason is the
-// metric's label, why the log's sentence.
-func (f *FSM) ResetEmpty(reason, why string) (aside string, err error) {
-	f.stopCheckpoints()
-	defer f.restartCheckpoints()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.dropCheckpoint(); err != nil {
-		return "", err
-	}
-	if err := f.db.Close(); err != nil {
-		return "", fmt.Errorf("reset fsm: close: %w", err)
-	}
-	if aside, err = setAside(f.path); err != nil {
-		return "", err
-	}
-	if err := f.openFresh(); err != nil {
-		return aside, err
-	}
-	if err := f.takeCheckpoint(false); err != nil {
-		return aside, err
-	}
-	f.logger.Warn("state machine set aside: "+why+"; it starts empty and is rebuilt from the latest snapshot and the raft log, or the leader's snapshot",
-		"reason", reason, "set_aside_as", aside)
-	f.recordRecovery(reason)
-	return aside, nil
-}

@@ -25,6 +25,9 @@ var (
 	noTornFlag          = flag.Bool("chaos.no-torn", false, "power cuts never tear a write (by default one in two keeps a prefix of each file's last unsynced run of writes)")
 	raftLogFlag         = flag.String("chaos.raft-log", "", "--raft-log of the nodes (wal or bolt; default: the nodes' default)")
 	soakFlag            = flag.Duration("soak", 0, "TestSoak: length of the fault phase (0 skips the soak)")
+	processFlag         = flag.Bool("chaos.process", false, "TestChaos: also run the processing workload (stages consuming chaos-in into chaos-out with process calls)")
+	stageSplitFlag      = flag.Bool("chaos.stage-split", false, "the processing workload's stages publish, then ack, as two calls (a broken stage: the checker must fail the run)")
+	lightFlag           = flag.Bool("chaos.light", false, "a lighter main workload: one producer, one group, one consumer")
 	tlsFlag             = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
 )
 
@@ -39,6 +42,11 @@ func configFor(t *testing.T, seed int64, d time.Duration) Config {
 	cfg.NoTorn = *noTornFlag
 	cfg.FileSyncEntries = *fileSyncEntriesFlag
 	cfg.RaftLog = *raftLogFlag
+	cfg.Process = *processFlag
+	cfg.ProcessSplit = *stageSplitFlag
+	if *lightFlag {
+		lighten(&cfg)
+	}
 	if *kindsFlag != "" {
 		for _, k := range strings.Split(*kindsFlag, ",") {
 			if !slices.Contains(allKinds, k) {
@@ -113,7 +121,31 @@ func TestPowerCut(t *testing.T) {
 	}
 }
 
-// TestSoak is one long run, power cuts included: go test ./test/chaos/ -run Soak -soak=30m -timeout 60m -v
+// TestChaosProcess is the bounded run of the processing workload, once
+// per raft log store (the second with TLS): two stage processes consume
+// chaos-in and turn each input into one output in chaos-out with a process
+// call, while a stage nemesis SIGKILLs and restarts them and SIGSTOPs them
+// for longer than their 1 s lease, and the cluster nemesis kills, pauses
+// and partitions nodes (power cuts too with -chaos.kinds). The checker
+// finds every input acked once and exactly one output per input. With
+// -chaos.stage-split the stages publish and then ack, and the run fails.
+func TestChaosProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("processing chaos runs take about a minute; skipped in -short mode")
+	}
+	for i, store := range []string{"wal", "bolt"} {
+		t.Run(store, func(t *testing.T) {
+			cfg := configFor(t, *seedFlag+300+int64(i), 15*time.Second)
+			cfg.Process = true
+			lighten(&cfg)
+			cfg.RaftLog = store
+			cfg.TLS = useTLS(t, i)
+			Run(t, cfg)
+		})
+	}
+}
+
+// TestSoak is one long run, power cuts and the processing workload included: go test ./test/chaos/ -run Soak -soak=30m -timeout 60m -v
 func TestSoak(t *testing.T) {
 	if *soakFlag <= 0 {
 		t.Skip("soak disabled; run with -soak=30m (and a -timeout above it)")
@@ -123,6 +155,7 @@ func TestSoak(t *testing.T) {
 		cfg.Kinds = allKinds
 	}
 	cfg.Soak = true
+	cfg.Process = true
 	cfg.TLS = useTLS(t, 0)
 	cfg.DrainTimeout = 5 * time.Minute
 	Run(t, cfg)

@@ -214,6 +214,7 @@ type Figures struct {
 	Violations         map[string][]string
 	Anomalies          map[string]int
 	Events             []string
+	Process            *procFigures // the processing workload's, when it ran
 }
 
 // String renders the figures for the test log.
@@ -241,6 +242,9 @@ func (f *Figures) String() string {
 	fmt.Fprintf(&b, "deliveries %d, completed by ack %d (of which shown only by an unanswered ack %d), dead-lettered %d\n",
 		f.Deliveries, f.CompletedByAck+f.CompletedAmbiguous, f.CompletedAmbiguous, f.DeadLettered)
 	fmt.Fprintf(&b, "lost %d, duplicated completions %d, replicas identical: %v\n", f.Lost, f.Duplicated, f.ReplicasCompared)
+	if f.Process != nil {
+		b.WriteString(f.Process.String())
+	}
 	if len(f.Anomalies) > 0 {
 		fmt.Fprintf(&b, "tolerated anomalies: %s\n", sortedCounts(f.Anomalies))
 	}

@@ -40,6 +40,16 @@ type Config struct {
 	RaftLog           string   // --raft-log of the nodes ("": the default, wal)
 	Soak              bool     // a TestSoak run (for the reproduce line)
 	TLS               bool     // nodes with certificates: HTTPS, mutual TLS for raft and node-to-node HTTP
+	Process           bool     // also run the processing workload (process.go): stages consuming chaos-in into chaos-out
+	ProcessSplit      bool     // its stages publish, then ack (two calls): the broken stage the checker must catch
+	StageBinary       string   // the stage program ("": built from ./test/chaos/stage)
+	Light             bool     // a lighter main workload: one producer, one group, one consumer (see lighten)
+}
+
+// lighten makes cfg's main workload light (one producer, one group with
+// one consumer), for runs whose subject is the processing workload.
+func lighten(cfg *Config) {
+	cfg.Light, cfg.Producers, cfg.Groups, cfg.ConsumersPerGroup = true, 1, []string{"g1"}, 1
 }
 
 // DefaultConfig is the CI shape of a run with the given seed and length.
@@ -85,7 +95,16 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if cfg.RaftLog != "" {
 		extra += " -chaos.raft-log " + cfg.RaftLog
 	}
-	repro := fmt.Sprintf("go test ./test/chaos/ -run TestChaos -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
+	if cfg.Process {
+		extra += " -chaos.process"
+	}
+	if cfg.ProcessSplit {
+		extra += " -chaos.stage-split"
+	}
+	if cfg.Light {
+		extra += " -chaos.light"
+	}
+	repro := fmt.Sprintf("go test ./test/chaos/ -run 'TestChaos$' -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
 	if cfg.Soak {
 		repro = fmt.Sprintf("go test ./test/chaos/ -run TestSoak -soak %v -chaos.seed %d%s -timeout %v -v", cfg.Duration, cfg.Seed, extra, cfg.Duration+20*time.Minute)
 	}
@@ -132,12 +151,14 @@ func Run(t *testing.T, cfg Config) *Figures {
 	}
 	client := tc.NewClient(reqTimeout, 64)
 	var tlsOpt []tc.Option
+	caPath := ""
 	if cfg.TLS {
 		// The proxies pass raft's TLS through untouched: they advertise
 		// 127.0.0.1, which the test certificates name.
 		ca := tc.NewCA(t, "chaos-ca")
 		client = tc.NewTLSClient(reqTimeout, 64, ca.Pool(), nil)
 		tlsOpt = append(tlsOpt, tc.WithTLS(ca))
+		caPath = ca.CertPath()
 	}
 	c := tc.Start(t, 3, append(tlsOpt,
 		tc.WithClient(client),
@@ -190,9 +211,20 @@ func Run(t *testing.T, cfg Config) *Figures {
 		}
 	}
 
+	var pw *procWorkload
+	if cfg.Process {
+		if err := setupProcess(setup, leader); err != nil {
+			t.Fatal(err)
+		}
+		pw = newProcWorkload(t, cfg, c.Nodes(), caPath)
+	}
 	h := newHistory(cfg.Groups)
 	w := newWorkload(cfg, topic, c.Nodes(), h)
 	w.start()
+	if pw != nil {
+		pw.start()
+		t.Cleanup(pw.halt)
+	}
 	stopped := false
 	stopAll := func() {
 		if stopped {
@@ -218,6 +250,9 @@ func Run(t *testing.T, cfg Config) *Figures {
 
 	// Heal, let the producers finish their current keys, drain.
 	w.stopNew.Store(true)
+	if pw != nil {
+		pw.endFaults()
+	}
 	nm.HealAll()
 	if err := nm.waitReady(90*time.Second, "final heal"); err != nil {
 		t.Errorf("%v", err)
@@ -241,6 +276,14 @@ func Run(t *testing.T, cfg Config) *Figures {
 	}
 
 	figs := Check(h, fin, cfg.Groups)
+	if pw != nil {
+		pw.stopFaults()
+		nm.logf("processing: stage faults over; draining %s", procIn)
+		if err := pw.drain(c, cfg.DrainTimeout); err != nil {
+			t.Errorf("processing drain: %v", err)
+		}
+		pw.check(c, figs)
+	}
 	// Replicas must hold the same state at the same applied index.
 	if diffs, err := compareReplicas(c, t.TempDir()); err != nil {
 		t.Logf("replica comparison skipped: %v", err)
