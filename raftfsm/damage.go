@@ -243,4 +243,3 @@ func (f *FSM) OnRecovery(fn func(reason string)) {
 	}
 	f.pendingRec = nil
 }
-
