@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dlq"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -31,7 +32,7 @@ func (s *Server) nack(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
 		return err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpNack, Now: nowMs(), Topic: r.topic, Group: r.group,
+	cmd := &command.Command{Op: command.OpNack, Now: nowMs(), Topic: r.topic, Group: r.group,
 		NodeID: s.node.ID(), Retryable: true, DelayMs: -1}
 	if b.Retryable != nil {
 		cmd.Retryable = *b.Retryable
@@ -189,7 +190,7 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := s.node.CheckDisk(0); err != nil {
 		return err
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpReplay, Now: nowMs(), Topic: r.topic, Group: r.group,
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpReplay, Now: nowMs(), Topic: r.topic, Group: r.group,
 		IDs: b.IDs, All: all, Rate: uint64(rate)})
 	if err != nil {
 		return err
@@ -215,7 +216,7 @@ func (s *Server) deleteDeadLetter(ctx *fasthttp.RequestCtx, r *route) error {
 	if !ok || id == 0 {
 		return fmt.Errorf("%w: dead-letter id must be a positive integer", ErrBadRequest)
 	}
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteDeadLetter, Now: nowMs(), Topic: r.topic,
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteDeadLetter, Now: nowMs(), Topic: r.topic,
 		Group: r.group, IDs: []uint64{id}}); err != nil {
 		return err
 	}

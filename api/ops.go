@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -32,7 +33,7 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 type clusterNode struct {
-	raftfsm.NodeInfo
+	command.NodeInfo
 	State         string `json:"state"`
 	Voter         bool   `json:"voter"`
 	LastContactMs int64  `json:"last_contact_ms"`
@@ -59,7 +60,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		known = false
 	}
 	out := struct {
-		Leader            *raftfsm.NodeInfo `json:"leader"`
+		Leader            *command.NodeInfo `json:"leader"`
 		Nodes             []clusterNode     `json:"nodes"`
 		Self              string            `json:"self"`
 		AppliedIndex      uint64            `json:"applied_index"`
@@ -130,7 +131,7 @@ func (s *Server) status(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
-	var info raftfsm.NodeInfo
+	var info command.NodeInfo
 	if err := decodeStrict(ctx.PostBody(), &info); err != nil {
 		return err
 	}

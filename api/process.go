@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mqd/mqd/auth"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -108,7 +109,7 @@ func (s *Server) authorizeOutputs(r *route, outs []processOut) error {
 // ack and batch publish, each output as a batch message, placed on its
 // topic's partitions. A malformed receipt refuses the call (409) here;
 // idx maps the command's receipts back to the request's.
-func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []int, error) {
+func (s *Server) processCommand(r *route, b *processBody) (*command.Command, []int, error) {
 	if len(b.Ack) == 0 || len(b.Ack) > maxReceipts {
 		return nil, nil, fmt.Errorf("%w: ack must hold 1..%d receipts", ErrBadRequest, maxReceipts)
 	}
@@ -118,8 +119,8 @@ func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []i
 	if _, err := s.topicConfig(r.topic); err != nil {
 		return nil, nil, err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpProcess, Now: nowMs(), Topic: r.topic, Group: r.group,
-		Outputs: make([]raftfsm.Output, len(b.Publish))}
+	cmd := &command.Command{Op: command.OpProcess, Now: nowMs(), Topic: r.topic, Group: r.group,
+		Outputs: make([]command.Output, len(b.Publish))}
 	seen := make(map[string]bool, len(b.Ack))
 	bad := invalidReceipts{}
 	idx := make([]int, 0, len(b.Ack))
@@ -158,23 +159,23 @@ func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []i
 // topic. An unknown topic is a 404 and a message over the topic's
 // max_message_bytes a 413 (unless it repeats a stored one by key, which
 // the FSM answers as a duplicate), as for a batch publish.
-func (s *Server) processOutput(o *processOut, i int) (raftfsm.Output, error) {
+func (s *Server) processOutput(o *processOut, i int) (command.Output, error) {
 	if !mlog.ValidName(o.Topic) {
-		return raftfsm.Output{}, fmt.Errorf("%w: publish.%d: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..",
+		return command.Output{}, fmt.Errorf("%w: publish.%d: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..",
 			mlog.ErrInvalidName, i, o.Topic)
 	}
 	m, err := o.toMsg(i)
 	if err != nil {
-		return raftfsm.Output{}, err
+		return command.Output{}, err
 	}
 	cfg, err := s.topicConfig(o.Topic)
 	if err != nil {
-		return raftfsm.Output{}, fmt.Errorf("publish.%d: output topic %q: %w", i, o.Topic, err)
+		return command.Output{}, fmt.Errorf("publish.%d: output topic %q: %w", i, o.Topic, err)
 	}
 	if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !s.repeatsStored(o.Topic, cfg, m, producer{}, 0) {
-		return raftfsm.Output{}, fmt.Errorf("publish.%d: %w", i, err)
+		return command.Output{}, fmt.Errorf("publish.%d: %w", i, err)
 	}
-	return raftfsm.Output{Topic: o.Topic, Placed: mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}}, nil
+	return command.Output{Topic: o.Topic, Placed: mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}}, nil
 }
 
 // invalidReceipts are the receipts of a process call that mqd never

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/mqd/mqd/command"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
@@ -104,7 +105,7 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	if err != nil {
 		return nil, err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
+	cmd := &command.Command{Op: command.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
 		Producer: prod.id, Seq: prod.seq}
 	bodySize := 0
 	for i, m := range msgs {

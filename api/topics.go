@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -65,7 +66,7 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 			return err
 		}
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
 	if err != nil {
 		return err
 	}
@@ -77,7 +78,7 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) deleteTopic(ctx *fasthttp.RequestCtx, r *route) error {
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteTopic, Now: nowMs(), Topic: r.topic}); err != nil {
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteTopic, Now: nowMs(), Topic: r.topic}); err != nil {
 		return err
 	}
 	writeJSON(ctx, 200, map[string]any{"deleted": r.topic})
@@ -175,7 +176,7 @@ func (s *Server) putGroup(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
 		return err
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutGroup, Now: nowMs(), Topic: r.topic, Group: r.group})
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpPutGroup, Now: nowMs(), Topic: r.topic, Group: r.group})
 	if err != nil {
 		return err
 	}
@@ -188,7 +189,7 @@ func (s *Server) putGroup(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) deleteGroup(ctx *fasthttp.RequestCtx, r *route) error {
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteGroup, Now: nowMs(), Topic: r.topic, Group: r.group}); err != nil {
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteGroup, Now: nowMs(), Topic: r.topic, Group: r.group}); err != nil {
 		return err
 	}
 	writeJSON(ctx, 200, map[string]any{"deleted": r.group})

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -8,48 +9,48 @@ import (
 )
 
 // dispatch is the one switch from a command to the code that applies it.
-func dispatch(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
+func dispatch(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	switch c.Op {
-	case OpPutTopic:
+	case command.OpPutTopic:
 		ev.ConfigChanged = true
 		created, err := mlog.PutTopic(tx, c.Topic, c.Patch)
 		return &Result{Created: created}, err
-	case OpDeleteTopic:
+	case command.OpDeleteTopic:
 		ev.ConfigChanged = true
 		return &Result{}, applyDeleteTopic(tx, c.Topic)
-	case OpPublish:
+	case command.OpPublish:
 		return applyPublish(tx, c, ev)
-	case OpLease:
+	case command.OpLease:
 		return applyLease(tx, idx, c, ev)
-	case OpAck, OpExtend:
+	case command.OpAck, command.OpExtend:
 		return applyReceipts(tx, idx, c, ev)
-	case OpExpire:
+	case command.OpExpire:
 		return &Result{}, applyExpire(tx, c, ev)
-	case OpPutGroup:
+	case command.OpPutGroup:
 		return applyPutGroup(tx, c)
-	case OpDeleteGroup:
+	case command.OpDeleteGroup:
 		l, err := mlog.Open(tx, c.Topic)
 		if err != nil {
 			return nil, err
 		}
 		return &Result{}, group.Delete(tx, l, c.Group)
-	case OpTrim:
+	case command.OpTrim:
 		return &Result{}, applyTrim(tx, c)
-	case OpNack:
+	case command.OpNack:
 		return applyNack(tx, idx, c, ev)
-	case OpReplay, OpReplayStep, OpDeleteDeadLetter:
+	case command.OpReplay, command.OpReplayStep, command.OpDeleteDeadLetter:
 		return applyDeadLetters(tx, c, ev)
-	case OpDedupExpire:
+	case command.OpDedupExpire:
 		return &Result{}, applyDedupExpire(tx, c)
-	case OpSetNode:
+	case command.OpSetNode:
 		ev.NodesChanged = true
 		var e mlog.Enc
 		e.Str(c.Node.HTTPAddr)
 		e.Str(c.Node.RaftAddr)
 		return &Result{}, tx.Bucket(bktNodes).Put([]byte(c.Node.ID), e.B)
-	case OpSetFormat:
+	case command.OpSetFormat:
 		return &Result{}, applySetFormat(tx, c, ev)
-	case OpProcess:
+	case command.OpProcess:
 		return applyProcess(tx, idx, c, ev)
 	}
 	return &Result{}, nil
@@ -87,7 +88,7 @@ func trimGroups(tx *bolt.Tx, l *mlog.Log, trimmed []mlog.Trimmed) error {
 	return nil
 }
 
-func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
+func applyLease(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c, true, ev)
 	if err != nil {
 		return nil, err
@@ -103,13 +104,13 @@ func applyLease(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error
 	return &Result{Deliveries: ds}, err
 }
 
-func applyReceipts(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
+func applyReceipts(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c, false, ev)
 	if err != nil {
 		return nil, err
 	}
 	var st []string
-	if c.Op == OpAck {
+	if c.Op == command.OpAck {
 		st, err = g.Ack(c.Now, idx, c.Receipts)
 	} else {
 		st, err = g.Extend(c.Now, c.LeaseMs, idx, c.Receipts)
@@ -117,7 +118,7 @@ func applyReceipts(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, er
 	return &Result{Statuses: st}, err
 }
 
-func applyExpire(tx *bolt.Tx, c *Command, ev *Events) error {
+func applyExpire(tx *bolt.Tx, c *command.Command, ev *Events) error {
 	for i, x := range c.Expired {
 		l, err := mlog.Open(tx, x.Topic)
 		if err != nil {
@@ -145,7 +146,7 @@ func randAt(rs []uint32, i int) uint32 {
 	return 0
 }
 
-func applyNack(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
+func applyNack(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c, false, ev)
 	if err != nil {
 		return nil, err
@@ -166,7 +167,7 @@ func applyNack(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error)
 
 // openGroup opens the command's group (creating it when create is set),
 // reporting the due times it creates into ev.
-func openGroup(tx *bolt.Tx, c *Command, create bool, ev *Events) (*group.Group, error) {
+func openGroup(tx *bolt.Tx, c *command.Command, create bool, ev *Events) (*group.Group, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -183,13 +184,13 @@ func openGroup(tx *bolt.Tx, c *Command, create bool, ev *Events) (*group.Group, 
 	return g, nil
 }
 
-func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
+func applyDeadLetters(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, error) {
 	g, err := openGroup(tx, c, false, ev)
 	if err != nil {
 		return nil, err
 	}
 	switch c.Op {
-	case OpReplay:
+	case command.OpReplay:
 		store, err := g.DeadLetters()
 		if err != nil {
 			return nil, err
@@ -197,13 +198,13 @@ func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 		n, err := store.QueueReplay(c.IDs, c.All, c.Rate)
 		ev.Replays = append(ev.Replays, TopicGroup{c.Topic, c.Group})
 		return &Result{Accepted: n}, err
-	case OpReplayStep:
+	case command.OpReplayStep:
 		n, err := g.ReplayStep(c.Now, int(c.Max))
 		if n > 0 {
 			ev.wake(c.Topic)
 		}
 		return &Result{Accepted: uint64(n)}, err
-	default: // OpDeleteDeadLetter
+	default: // command.OpDeleteDeadLetter
 		for _, id := range c.IDs {
 			if err := g.DeleteDeadLetter(id); err != nil {
 				return nil, err
@@ -213,7 +214,7 @@ func applyDeadLetters(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
 	}
 }
 
-func applyPutGroup(tx *bolt.Tx, c *Command) (*Result, error) {
+func applyPutGroup(tx *bolt.Tx, c *command.Command) (*Result, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -228,7 +229,7 @@ func applyPutGroup(tx *bolt.Tx, c *Command) (*Result, error) {
 
 // applyTrim enforces retention on one topic: retention_ms by age, or with
 // retention_ms 0 and at least one group, everything every group finished.
-func applyTrim(tx *bolt.Tx, c *Command) error {
+func applyTrim(tx *bolt.Tx, c *command.Command) error {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mqd/mqd/command"
 )
 
 // Group commit above Raft: concurrent publishes, fetches (leases), acks,
@@ -72,7 +74,7 @@ func newBatcher(n *Node) *batcher {
 // others (each is applied on its own; one's failure does not fail another).
 // It encodes c before it waits: from then on c and the buffers it refers
 // to are the caller's again, even if ApplyBatched returns early.
-func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
+func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
@@ -80,14 +82,14 @@ func (n *Node) ApplyBatched(ctx context.Context, c *Command) (*Result, error) {
 		return nil, err
 	}
 	defer n.leave()
-	if c.Op == OpLease {
+	if c.Op == command.OpLease {
 		defer n.FSM.awaitLease()()
 	}
 	// Encoded here, in the caller's goroutine: the many callers encode in
 	// parallel rather than the batcher one after the other, and once this
 	// returns nothing refers to the caller's buffers (a publish's value may
 	// alias its request body).
-	enc, buf := c.encodePooled()
+	enc, buf := c.EncodePooled()
 	p := &pending{enc: enc, buf: buf, queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
 	case n.batch.in <- p:
@@ -218,7 +220,7 @@ func packEntries(batch []*pending) []entry {
 		if e.n == 1 {
 			e.data = subs[0]
 		} else {
-			e.data = encodeMulti(0, subs)
+			e.data = command.EncodeMulti(0, subs)
 		}
 		out = append(out, e)
 		subs, size, first = subs[:0], 0, end
@@ -244,7 +246,7 @@ func recycleCopied(batch []*pending, entries []entry) {
 			continue
 		}
 		for _, p := range batch[e.first : e.first+e.n] {
-			recycleEnc(p.buf)
+			command.RecycleEnc(p.buf)
 			p.enc, p.buf = nil, nil
 		}
 	}

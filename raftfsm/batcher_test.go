@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/mqd/mqd/command"
 	mlog "github.com/mqd/mqd/log"
 )
 
@@ -12,7 +13,7 @@ import (
 // together up to entryBytes and a larger command in an entry of its own.
 func TestPackEntries(t *testing.T) {
 	pub := func(size int) *pending {
-		enc := (&Command{Op: OpPublish, Topic: "t",
+		enc := (&command.Command{Op: command.OpPublish, Topic: "t",
 			Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: bytes.Repeat([]byte("x"), size)}}}}).Encode()
 		return &pending{enc: enc}
 	}
@@ -28,12 +29,12 @@ func TestPackEntries(t *testing.T) {
 			t.Fatalf("entry %d covers [%d, %d), want to start at %d", i, e.first, e.first+e.n, next)
 		}
 		next = e.first + e.n
-		c, err := DecodeCommand(e.data)
+		c, err := command.Decode(e.data)
 		if err != nil {
 			t.Fatalf("entry %d: %v", i, err)
 		}
 		switch {
-		case e.n == 1 && c.Op != OpPublish, e.n > 1 && (c.Op != OpMulti || len(c.Batch) != e.n):
+		case e.n == 1 && c.Op != command.OpPublish, e.n > 1 && (c.Op != command.OpMulti || len(c.Batch) != e.n):
 			t.Fatalf("entry %d of %d commands decodes as %s with %d", i, e.n, c.Op, len(c.Batch))
 		case e.n > 1 && len(e.data) > entryBytes+64:
 			t.Errorf("entry %d of %d commands is %d bytes, over %d", i, e.n, len(e.data), entryBytes)
@@ -66,18 +67,18 @@ func TestPackEntries(t *testing.T) {
 // which is never given back).
 func TestRecycledEncodingsLeaveEntriesAlone(t *testing.T) {
 	pub := func(fill byte) *pending {
-		c := &Command{Op: OpPublish, Topic: "t",
+		c := &command.Command{Op: command.OpPublish, Topic: "t",
 			Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: bytes.Repeat([]byte{fill}, 1000)}}}}
-		enc, buf := c.encodePooled()
+		enc, buf := c.EncodePooled()
 		return &pending{enc: enc, buf: buf}
 	}
 	value := func(t *testing.T, data []byte) []byte {
 		t.Helper()
-		c, err := DecodeCommand(data)
+		c, err := command.Decode(data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Op == OpMulti {
+		if c.Op == command.OpMulti {
 			c = c.Batch[0]
 		}
 		return c.Msgs[0].Msg.Value
@@ -121,9 +122,9 @@ func TestRecycledEncodingsLeaveEntriesAlone(t *testing.T) {
 //	go test -run '^$' -bench EncodeBatch -benchmem ./raftfsm/
 func BenchmarkEncodeBatch(b *testing.B) {
 	const n = 64
-	cmds := make([]*Command, n)
+	cmds := make([]*command.Command, n)
 	for i := range cmds {
-		cmds[i] = &Command{Op: OpPublish, Now: 1, Topic: "orders", Msgs: []mlog.Placed{{Partition: uint32(i % 4),
+		cmds[i] = &command.Command{Op: command.OpPublish, Now: 1, Topic: "orders", Msgs: []mlog.Placed{{Partition: uint32(i % 4),
 			Msg: &mlog.Message{Value: bytes.Repeat([]byte("v"), 1024), IdempotencyKey: fmt.Sprintf("%032x", i),
 				MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}}}}
 	}
@@ -137,7 +138,7 @@ func BenchmarkEncodeBatch(b *testing.B) {
 			for i := 0; i < b.N; i += n {
 				for j, c := range cmds {
 					if pooled {
-						batch[j].enc, batch[j].buf = c.encodePooled()
+						batch[j].enc, batch[j].buf = c.EncodePooled()
 					} else {
 						batch[j].enc = c.Encode()
 					}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/mqd/mqd/command"
 	mlog "github.com/mqd/mqd/log"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestReaderBrowse(t *testing.T) {
 	h := mustFSM(t)
 	three := uint32(3)
-	h.must(&Command{Op: OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: &three}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: &three}})
 	h.must(publish(1, "a", keyed(0, "k0", "p0o0"), keyed(0, "", "p0o1"), keyed(0, "", "p0o2"), keyed(2, "", "p2o0"), keyed(2, "", "p2o1")))
 	const big = 1 << 20
 	type want struct {

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/mqd/mqd/command"
 )
 
 // dumpTx flattens every key of tx (nested buckets by path) into a map.
@@ -128,7 +130,7 @@ func TestCheckpointSurvivesPowerLoss(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "fsm.db")
 			h := openAt(t, path)
 			h.f.stopCheckpoints() // the test decides when they are taken
-			h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t"})
+			h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t"})
 			val := strings.Repeat("a", 900)
 			for i := 0; i < 40; i++ {
 				h.batch(publish(int64(i+2), "t", msg(val)), setNode(fmt.Sprint("n", i%5)))
@@ -148,11 +150,11 @@ func TestCheckpointSurvivesPowerLoss(t *testing.T) {
 			for i := 0; i < 200; i++ {
 				tp := fmt.Sprint("u", i/20)
 				if i%20 == 0 {
-					h.must(&Command{Op: OpPutTopic, Now: int64(i + 100), Topic: tp})
+					h.must(&command.Command{Op: command.OpPutTopic, Now: int64(i + 100), Topic: tp})
 				}
 				h.batch(publish(int64(i+100), tp, msg(strings.Repeat("b", 700+i))), publish(int64(i+100), "t", msg(val)))
 				if i%20 == 19 {
-					h.must(&Command{Op: OpDeleteTopic, Now: int64(i + 100), Topic: tp})
+					h.must(&command.Command{Op: command.OpDeleteTopic, Now: int64(i + 100), Topic: tp})
 				}
 			}
 			newest, err := dumpFile(t, path)
@@ -197,7 +199,7 @@ func TestCheckpointNeedsItsPin(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fsm.db")
 	h := openAt(t, path)
 	h.f.stopCheckpoints()
-	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t"})
 	for i := 0; i < 40; i++ {
 		h.batch(publish(int64(i+2), "t", msg(strings.Repeat("a", 900))), setNode(fmt.Sprint("n", i%5)))
 	}
@@ -212,11 +214,11 @@ func TestCheckpointNeedsItsPin(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		tp := fmt.Sprint("u", i/20)
 		if i%20 == 0 {
-			h.must(&Command{Op: OpPutTopic, Now: int64(i + 100), Topic: tp})
+			h.must(&command.Command{Op: command.OpPutTopic, Now: int64(i + 100), Topic: tp})
 		}
 		h.batch(publish(int64(i+100), tp, msg(strings.Repeat("b", 700+i))), setNode(fmt.Sprint("n", i%5)))
 		if i%20 == 19 {
-			h.must(&Command{Op: OpDeleteTopic, Now: int64(i + 100), Topic: tp})
+			h.must(&command.Command{Op: command.OpDeleteTopic, Now: int64(i + 100), Topic: tp})
 		}
 	}
 	h.crash()
@@ -283,7 +285,7 @@ func TestDamagedFSMSetAside(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "fsm.db")
 			h := openAt(t, path)
-			h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t"})
+			h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t"})
 			for i := 0; i < 60; i++ {
 				h.batch(publish(int64(i+2), "t", msg(strings.Repeat("a", 900))), setNode(fmt.Sprint("n", i)))
 			}

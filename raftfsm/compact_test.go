@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
@@ -17,7 +18,7 @@ import (
 // fillTopic publishes n messages of size bytes to topic, 16 per batch.
 func fillTopic(h *harness, topic string, n, size int) {
 	h.t.Helper()
-	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: topic, Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: topic, Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
 	val := strings.Repeat("x", size)
 	for i := 0; i < n; i += 16 {
 		var msgs []mlog.Placed
@@ -39,8 +40,8 @@ func TestCompactAtSnapshot(t *testing.T) {
 	if h.f.Sparse() || h.f.NextSnapshotSize() != uint64(size) {
 		t.Fatalf("dense state: sparse %v, next snapshot %d, want its size %d", h.f.Sparse(), h.f.NextSnapshotSize(), size)
 	}
-	h.must(&Command{Op: OpDeleteTopic, Now: 3, Topic: "gone"})
-	h.must(&Command{Op: OpPutTopic, Now: 4, Topic: "other", Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
+	h.must(&command.Command{Op: command.OpDeleteTopic, Now: 3, Topic: "gone"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 4, Topic: "other", Patch: mlog.Patch{Partitions: ptr(uint32(1))}})
 	want := dumpDB(t, h.f)
 	size, free := h.f.spaceStats()
 	if !h.f.Sparse() {
@@ -129,7 +130,7 @@ func BenchmarkSnapshotCompact(b *testing.B) {
 	run("writeto", false)
 	run("compact", true)
 	for i := 1; i < topics; i++ {
-		h.must(&Command{Op: OpDeleteTopic, Now: 3, Topic: fmt.Sprintf("t%d", i)})
+		h.must(&command.Command{Op: command.OpDeleteTopic, Now: 3, Topic: fmt.Sprintf("t%d", i)})
 	}
 	run("writeto-sparse", false)
 	run("compact-sparse", true)

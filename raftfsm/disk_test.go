@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/mqd/mqd/command"
 )
 
 func TestParseMinFree(t *testing.T) {
@@ -59,7 +61,7 @@ func TestStorageErrorStops(t *testing.T) {
 				t.Fatalf("recovered %v, want the stop", r)
 			}
 		}()
-		h.f.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: (&Command{Op: OpPutTopic, Topic: "t"}).Encode()}})
+		h.f.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: (&command.Command{Op: command.OpPutTopic, Topic: "t"}).Encode()}})
 	}()
 	if code != 1 {
 		t.Fatalf("exit code %d, want 1", code)

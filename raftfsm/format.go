@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	"github.com/mqd/mqd/internal/refusal"
 	bolt "go.etcd.io/bbolt"
@@ -65,7 +66,7 @@ var errFormatTooNew = errors.New("state format newer than this binary reads")
 // applySetFormat raises the state's format to c.Format; a lower or equal
 // one changes nothing (a retried raise is harmless). ev.format follows, so
 // that the commands after it in the same batch see the new format.
-func applySetFormat(tx *bolt.Tx, c *Command, ev *Events) error {
+func applySetFormat(tx *bolt.Tx, c *command.Command, ev *Events) error {
 	want := int(c.Format)
 	if want > StateFormat {
 		return fmt.Errorf("%w: format %d, this binary reads up to %d", errFormatTooNew, want, StateFormat)
@@ -91,7 +92,7 @@ var ErrFormatUnsupported = refusal.New(409, "state_format_unsupported",
 // joinFormatCheck decides whether a node may be added to a cluster whose
 // state is in format cur, from the answer (st, or err) of the node's
 // /v1/internal/status. Every binary reads format 1.
-func joinFormatCheck(cur int, info NodeInfo, st Status, err error) error {
+func joinFormatCheck(cur int, info command.NodeInfo, st Status, err error) error {
 	switch {
 	case cur <= formatUnset:
 		return nil
@@ -108,7 +109,7 @@ func joinFormatCheck(cur int, info NodeInfo, st Status, err error) error {
 
 // checkJoiner asks a node about to be added which state formats its
 // binary reads, unless the state is in format 1.
-func (n *Node) checkJoiner(ctx context.Context, info NodeInfo) error {
+func (n *Node) checkJoiner(ctx context.Context, info command.NodeInfo) error {
 	cur := n.FSM.StateFormat()
 	if cur <= formatUnset {
 		return nil
@@ -220,7 +221,7 @@ func (n *Node) checkFormat(ctx context.Context, warned map[string]bool) {
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := n.Apply(actx, &Command{Op: OpSetFormat, Now: Now().UnixMilli(), Format: StateFormat}); err != nil {
+	if _, err := n.Apply(actx, &command.Command{Op: command.OpSetFormat, Now: Now().UnixMilli(), Format: StateFormat}); err != nil {
 		n.logger.Warn("propose state format", "format", StateFormat, "err", err)
 		return
 	}

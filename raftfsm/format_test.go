@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -36,15 +37,15 @@ func TestSetFormatPersists(t *testing.T) {
 	}
 	h := &harness{t: t, f: f, notified: map[string]int{}}
 	old := mustFSM(t) // a state from before formats
-	old.must(&Command{Op: OpPutTopic, Topic: "t"})
+	old.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	if got := h.f.StateFormat(); got != 1 {
 		t.Fatalf("a new state is in format %d, want 1", got)
 	}
-	h.must(&Command{Op: OpSetFormat, Format: 2})
+	h.must(&command.Command{Op: command.OpSetFormat, Format: 2})
 	if got, stored := h.f.StateFormat(), storedFormatOf(t, h.f); got != 2 || stored != 2 {
 		t.Fatalf("after OpSetFormat 2: StateFormat %d, stored %d", got, stored)
 	}
-	h.must(&Command{Op: OpSetFormat, Format: 1})
+	h.must(&command.Command{Op: command.OpSetFormat, Format: 1})
 	if got, stored := h.f.StateFormat(), storedFormatOf(t, h.f); got != 2 || stored != 2 {
 		t.Fatalf("OpSetFormat 1 lowered the format: StateFormat %d, stored %d", got, stored)
 	}
@@ -76,9 +77,9 @@ func TestSetFormatPersists(t *testing.T) {
 // batch leaves nothing behind); a file in such a format does not open.
 func TestNewerFormatStops(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h.mustStopWritingNothing("OpSetFormat above StateFormat", func() {
-		h.batch(&Command{Op: OpSetFormat, Format: 1}, &Command{Op: OpSetFormat, Format: StateFormat + 1})
+		h.batch(&command.Command{Op: command.OpSetFormat, Format: 1}, &command.Command{Op: command.OpSetFormat, Format: StateFormat + 1})
 	})
 	if got := h.f.StateFormat(); got != 1 {
 		t.Fatalf("StateFormat %d after the refused batch", got)
@@ -117,16 +118,16 @@ func TestLeaseSpansFollowFormat(t *testing.T) {
 	useSpans = func(g *group.Group) { spans++; orig(g) }
 	t.Cleanup(func() { useSpans = orig })
 	old := mustFSM(t)
-	old.must(&Command{Op: OpPutTopic, Topic: "t"})
+	old.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h.must(publish(1, "t", msg("a"), msg("b"), msg("c"), msg("d")))
-	lease := &Command{Op: OpLease, Now: 2, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000}
+	lease := &command.Command{Op: command.OpLease, Now: 2, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000}
 	h.must(lease)
 	if spans != 0 {
 		t.Fatalf("a lease in format 1 used range records")
 	}
-	h.batch(lease, &Command{Op: OpSetFormat, Format: 2}, lease)
+	h.batch(lease, &command.Command{Op: command.OpSetFormat, Format: 2}, lease)
 	if spans != 1 {
 		t.Fatalf("lease, raise, lease in one batch: %d leases used range records, want 1 (the second)", spans)
 	}
@@ -216,7 +217,7 @@ func TestFormatLagging(t *testing.T) {
 // A node joins a cluster in format 1 whatever it runs; in format 2 only
 // if its status answers, as itself, that it reads format 2.
 func TestJoinFormatCheck(t *testing.T) {
-	info := NodeInfo{ID: "n4", HTTPAddr: "127.0.0.1:7004"}
+	info := command.NodeInfo{ID: "n4", HTTPAddr: "127.0.0.1:7004"}
 	for _, c := range []struct {
 		name string
 		cur  int
@@ -229,7 +230,7 @@ func TestJoinFormatCheck(t *testing.T) {
 		{"format 2, reads 2", 2, Status{NodeInfo: info, StateFormatMax: 2}, nil, ""},
 		{"format 2, older binary", 2, Status{NodeInfo: info}, nil, "reads state formats up to 0"},
 		{"format 2, no answer", 2, Status{}, errors.New("connection refused"), "did not say"},
-		{"format 2, another node answers", 2, Status{NodeInfo: NodeInfo{ID: "n9"}, StateFormatMax: 2}, nil, "answers as"},
+		{"format 2, another node answers", 2, Status{NodeInfo: command.NodeInfo{ID: "n9"}, StateFormatMax: 2}, nil, "answers as"},
 	} {
 		err := joinFormatCheck(c.cur, info, c.st, c.err)
 		switch {
@@ -247,13 +248,13 @@ func TestJoinIDCheck(t *testing.T) {
 	liveFn := func(id string) (string, bool) { a, ok := live[id]; return a, ok }
 	cases := []struct {
 		name string
-		info NodeInfo
+		info command.NodeInfo
 		want error
 	}{
-		{"a new id", NodeInfo{ID: "n3", RaftAddr: "h3:7071"}, nil},
-		{"a member rejoining at its address", NodeInfo{ID: "n1", RaftAddr: "h1:7071"}, nil},
-		{"another node under a live member's id", NodeInfo{ID: "n1", RaftAddr: "h9:7071"}, ErrNodeIDInUse},
-		{"a member that does not answer, re-addressed", NodeInfo{ID: "n2", RaftAddr: "h8:7071"}, nil},
+		{"a new id", command.NodeInfo{ID: "n3", RaftAddr: "h3:7071"}, nil},
+		{"a member rejoining at its address", command.NodeInfo{ID: "n1", RaftAddr: "h1:7071"}, nil},
+		{"another node under a live member's id", command.NodeInfo{ID: "n1", RaftAddr: "h9:7071"}, ErrNodeIDInUse},
+		{"a member that does not answer, re-addressed", command.NodeInfo{ID: "n2", RaftAddr: "h8:7071"}, nil},
 	}
 	for _, c := range cases {
 		if err := joinIDCheck(servers, c.info, liveFn); !errors.Is(err, c.want) || (c.want == nil && err != nil) {
@@ -262,7 +263,7 @@ func TestJoinIDCheck(t *testing.T) {
 	}
 	// The member itself, restarted on a new address: its answer names it.
 	live["n1"] = "h7:7071"
-	if err := joinIDCheck(servers, NodeInfo{ID: "n1", RaftAddr: "h7:7071"}, liveFn); err != nil {
+	if err := joinIDCheck(servers, command.NodeInfo{ID: "n1", RaftAddr: "h7:7071"}, liveFn); err != nil {
 		t.Errorf("member re-addressed and answering from its new address: %v", err)
 	}
 }
@@ -297,19 +298,19 @@ func TestRepeatOverLoweredMaxByFormat(t *testing.T) {
 	for _, format := range []int{1, 2} {
 		h := mustFSM(t)
 		if format > 1 {
-			h.must(&Command{Op: OpSetFormat, Now: 1, Format: uint32(format)})
+			h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: uint32(format)})
 		}
-		h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(5))}})
-		first := h.must(&Command{Op: OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd")}}).Published[0]
-		h.must(&Command{Op: OpPutTopic, Now: 3, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(2))}})
-		r := h.apply(&Command{Op: OpPublish, Now: 4, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd"), keyed(0, "N", "ab")}})
+		h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(5))}})
+		first := h.must(&command.Command{Op: command.OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd")}}).Published[0]
+		h.must(&command.Command{Op: command.OpPutTopic, Now: 3, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(2))}})
+		r := h.apply(&command.Command{Op: command.OpPublish, Now: 4, Topic: "t", Msgs: []mlog.Placed{keyed(0, "K", "abcd"), keyed(0, "N", "ab")}})
 		switch {
 		case format == 1 && !errors.Is(r.Err, mlog.ErrTooLarge):
 			t.Errorf("format 1: %+v %v, want message_too_large", r.Published, r.Err)
 		case format == 2 && (r.Err != nil || len(r.Published) != 2 || !r.Published[0].Duplicate || r.Published[0].Offset != first.Offset || r.Published[1].Duplicate):
 			t.Errorf("format 2: %+v %v, want the repeat a duplicate of %+v and the new message stored", r.Published, r.Err, first)
 		}
-		if r := h.apply(&Command{Op: OpPublish, Now: 5, Topic: "t", Msgs: []mlog.Placed{keyed(0, "M", "abcd")}}); !errors.Is(r.Err, mlog.ErrTooLarge) {
+		if r := h.apply(&command.Command{Op: command.OpPublish, Now: 5, Topic: "t", Msgs: []mlog.Placed{keyed(0, "M", "abcd")}}); !errors.Is(r.Err, mlog.ErrTooLarge) {
 			t.Errorf("format %d: a new message over the max: %v, want message_too_large", format, r.Err)
 		}
 	}
@@ -323,12 +324,12 @@ func TestLeaseMaxBytesByFormat(t *testing.T) {
 	for _, format := range []int{1, 2} {
 		h := mustFSM(t)
 		if format > 1 {
-			h.must(&Command{Op: OpSetFormat, Now: 1, Format: uint32(format)})
+			h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: uint32(format)})
 		}
-		h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(16 << 20))}})
-		h.must(&Command{Op: OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{msg(big), msg(big), msg(big)}})
+		h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(16 << 20))}})
+		h.must(&command.Command{Op: command.OpPublish, Now: 2, Topic: "t", Msgs: []mlog.Placed{msg(big), msg(big), msg(big)}})
 		want := map[int]int{1: 3, 2: 2}[format]
-		if r := h.must(&Command{Op: OpLease, Now: 3, Topic: "t", Group: "g", Max: 10, LeaseMs: 30000}); len(r.Deliveries) != want {
+		if r := h.must(&command.Command{Op: command.OpLease, Now: 3, Topic: "t", Group: "g", Max: 10, LeaseMs: 30000}); len(r.Deliveries) != want {
 			t.Errorf("format %d: a lease of three %d-byte messages took %d, want %d", format, len(big), len(r.Deliveries), want)
 		}
 	}

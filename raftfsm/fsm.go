@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
 	"github.com/mqd/mqd/internal/refusal"
@@ -27,12 +28,12 @@ type Result struct {
 	Err        error
 	Created    bool
 	Published  []Published
-	Deliveries []group.Delivery // OpLease; each with its Msg on a node that waits for it
+	Deliveries []group.Delivery // command.OpLease; each with its Msg on a node that waits for it
 	Statuses   []string
 	Expected   uint64         // ErrSeqGap: the producer sequence that must come next
-	Multi      []*Result      // OpMulti: one result per command
-	Accepted   uint64         // OpReplay, OpReplayStep: letters queued or replayed
-	Process    *ProcessResult // OpProcess (process.go)
+	Multi      []*Result      // command.OpMulti: one result per command
+	Accepted   uint64         // command.OpReplay, command.OpReplayStep: letters queued or replayed
+	Process    *ProcessResult // command.OpProcess (process.go)
 }
 
 // Events is what a batch did that soft state must learn: topics that
@@ -429,7 +430,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			if l.Type != raft.LogCommand || l.Index <= f.applied.Load() {
 				continue
 			}
-			cmd, err := DecodeCommand(l.Data)
+			cmd, err := command.Decode(l.Data)
 			if err != nil {
 				// Replicas would diverge if we skipped it: stop the node.
 				panic(fmt.Sprintf("raftfsm: undecodable committed entry at index %d: %v", l.Index, err))
@@ -481,9 +482,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // applyOne applies a command. Business errors (unknown topic, full topic)
 // are detected before anything is written, so a failed command changes
 // nothing; any other error is a storage failure and stops the node.
-func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *Command, ev *Events) *Result {
+func (f *FSM) applyOne(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) *Result {
 	f.clampNow(c)
-	if c.Op == OpMulti {
+	if c.Op == command.OpMulti {
 		res := &Result{Multi: make([]*Result, len(c.Batch))}
 		for i, sub := range c.Batch {
 			res.Multi[i] = f.applyOne(tx, idx, sub, ev)
@@ -515,7 +516,7 @@ func isBusiness(err error) bool { return refusal.Is(err) }
 // latest applied command's time (a new leader whose clock is behind the
 // old one's) is applied at that time instead, on every replica alike. The
 // time is part of the state (meta "now"), so snapshots carry it.
-func (f *FSM) clampNow(c *Command) {
+func (f *FSM) clampNow(c *command.Command) {
 	if c.Now < f.now {
 		c.Now = f.now
 	} else {
@@ -537,11 +538,11 @@ func (f *FSM) Now() int64 {
 
 // Nodes returns the node addresses recorded in the FSM (a copy the caller
 // may change).
-func (f *FSM) Nodes() map[string]NodeInfo { return maps.Clone(f.nodeAddrs()) }
+func (f *FSM) Nodes() map[string]command.NodeInfo { return maps.Clone(f.nodeAddrs()) }
 
 // Node returns the addresses recorded for node id. Followers look the
 // leader up on every request they forward: this answers from memory.
-func (f *FSM) Node(id string) (NodeInfo, bool) {
+func (f *FSM) Node(id string) (command.NodeInfo, bool) {
 	n, ok := f.nodeAddrs()[id]
 	return n, ok
 }
@@ -549,7 +550,7 @@ func (f *FSM) Node(id string) (NodeInfo, bool) {
 // nodesCache is the nodes bucket as read at generation gen.
 type nodesCache struct {
 	gen   uint64
-	nodes map[string]NodeInfo // never changed once stored
+	nodes map[string]command.NodeInfo // never changed once stored
 }
 
 // nodeAddrs returns the nodes bucket, read anew only when a batch that
@@ -557,16 +558,16 @@ type nodesCache struct {
 // The generation is loaded before the read and moves after the commit, so
 // a read that missed a change is cached under an older generation than
 // the current one and is not used again.
-func (f *FSM) nodeAddrs() map[string]NodeInfo {
+func (f *FSM) nodeAddrs() map[string]command.NodeInfo {
 	gen := f.nodesGen.Load()
 	if c := f.nodes.Load(); c != nil && c.gen == gen {
 		return c.nodes
 	}
-	out := map[string]NodeInfo{}
+	out := map[string]command.NodeInfo{}
 	_ = f.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktNodes).ForEach(func(k, v []byte) error {
 			d := mlog.Dec{B: v}
-			n := NodeInfo{ID: string(k), HTTPAddr: d.Str(), RaftAddr: d.Str()}
+			n := command.NodeInfo{ID: string(k), HTTPAddr: d.Str(), RaftAddr: d.Str()}
 			if d.Err() == nil {
 				out[n.ID] = n
 			}

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
@@ -31,6 +32,8 @@ type harness struct {
 	idx      uint64 // index of the last entry applied
 	notified map[string]int
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func mustFSM(t testing.TB) *harness {
 	t.Helper()
@@ -49,7 +52,7 @@ func mustFSM(t testing.TB) *harness {
 }
 
 // batch applies cmds as one raft batch, at the next indexes.
-func (h *harness) batch(cmds ...*Command) []*Result {
+func (h *harness) batch(cmds ...*command.Command) []*Result {
 	h.t.Helper()
 	logs := make([]*raft.Log, len(cmds))
 	for i, c := range cmds {
@@ -75,13 +78,13 @@ func (h *harness) batch(cmds ...*Command) []*Result {
 }
 
 // apply applies one command in a batch of its own.
-func (h *harness) apply(c *Command) *Result {
+func (h *harness) apply(c *command.Command) *Result {
 	h.t.Helper()
 	return h.batch(c)[0]
 }
 
 // must applies c and fails the test on a business error.
-func (h *harness) must(c *Command) *Result {
+func (h *harness) must(c *command.Command) *Result {
 	h.t.Helper()
 	r := h.apply(c)
 	if r.Err != nil {
@@ -101,8 +104,8 @@ func keyed(p uint32, key, v string) mlog.Placed {
 	return m
 }
 
-func publish(now int64, topic string, msgs ...mlog.Placed) *Command {
-	return &Command{Op: OpPublish, Now: now, Topic: topic, Msgs: msgs}
+func publish(now int64, topic string, msgs ...mlog.Placed) *command.Command {
+	return &command.Command{Op: command.OpPublish, Now: now, Topic: topic, Msgs: msgs}
 }
 
 // dumpDB lists every key and value of the database except the applied
@@ -216,20 +219,20 @@ func receipts(ds []group.Delivery) []group.Receipt {
 
 func TestApplyPutTopic(t *testing.T) {
 	h := mustFSM(t)
-	if r := h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2))}}); !r.Created {
+	if r := h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2))}}); !r.Created {
 		t.Fatalf("first put: Created = false")
 	}
-	if r := h.must(&Command{Op: OpPutTopic, Now: 2, Topic: "t", Patch: mlog.Patch{MaxRetry: ptr(int64(1))}}); r.Created {
+	if r := h.must(&command.Command{Op: command.OpPutTopic, Now: 2, Topic: "t", Patch: mlog.Patch{MaxRetry: ptr(int64(1))}}); r.Created {
 		t.Fatalf("second put: Created = true")
 	}
 	for _, tc := range []struct {
-		c    *Command
+		c    *command.Command
 		want error
 	}{
-		{&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(1))}}, mlog.ErrPartitionShrink},
-		{&Command{Op: OpPutTopic, Topic: "..", Patch: mlog.Patch{}}, mlog.ErrInvalidName},
-		{&Command{Op: OpPutTopic, Topic: "u", Patch: mlog.Patch{AckTimeoutMs: ptr(int64(0))}}, mlog.ErrInvalidConfig},
-		{&Command{Op: OpDeleteTopic, Topic: "nope"}, mlog.ErrTopicNotFound},
+		{&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(1))}}, mlog.ErrPartitionShrink},
+		{&command.Command{Op: command.OpPutTopic, Topic: "..", Patch: mlog.Patch{}}, mlog.ErrInvalidName},
+		{&command.Command{Op: command.OpPutTopic, Topic: "u", Patch: mlog.Patch{AckTimeoutMs: ptr(int64(0))}}, mlog.ErrInvalidConfig},
+		{&command.Command{Op: command.OpDeleteTopic, Topic: "nope"}, mlog.ErrTopicNotFound},
 	} {
 		if r := h.apply(tc.c); !errors.Is(r.Err, tc.want) {
 			t.Errorf("%s %q: Err = %v, want %v", tc.c.Op, tc.c.Topic, r.Err, tc.want)
@@ -243,7 +246,7 @@ func TestApplyPutTopic(t *testing.T) {
 
 func TestApplyPublishPlacesAndStamps(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(3))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(3))}})
 	a, b, c := msg("a"), msg("b"), msg("c")
 	a.Partition, b.Partition, c.Partition = 2, 5, 2 // 5 mod 3 = 2
 	r := h.must(publish(1234, "t", a, b, c))
@@ -269,7 +272,7 @@ func TestApplyPublishPlacesAndStamps(t *testing.T) {
 
 func TestApplyPublishBatchAtomic(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{
 		Partitions: ptr(uint32(2)), MaxMessages: ptr(int64(3)), MaxMessageBytes: ptr(int64(8)),
 	}})
 	h.must(publish(1, "t", keyed(0, "k1", "a"), keyed(1, "k2", "b")))
@@ -308,12 +311,12 @@ func TestApplyPublishBatchAtomic(t *testing.T) {
 
 func TestApplyBatchCommandsIndependent(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2))}})
 	rs := h.batch(
 		publish(1, "t", msg("a")),
 		publish(2, "t", msg("b"), msg("c")), // would make 3
 		publish(3, "t", msg("d")),
-		&Command{Op: OpLease, Now: 4, Topic: "missing", Group: "g", Max: 1, LeaseMs: 10},
+		&command.Command{Op: command.OpLease, Now: 4, Topic: "missing", Group: "g", Max: 1, LeaseMs: 10},
 		publish(5, "t", msg("e")), // full now
 	)
 	errs := make([]error, len(rs))
@@ -334,9 +337,9 @@ func TestApplyBatchCommandsIndependent(t *testing.T) {
 
 func TestApplyPublishDropHeadTrimsGroups(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2)), Overflow: ptr(mlog.OverflowDropHead)}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2)), Overflow: ptr(mlog.OverflowDropHead)}})
 	h.must(publish(1, "t", msg("a"), msg("b")))
-	ds := h.must(&Command{Op: OpLease, Now: 10, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000}).Deliveries
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000}).Deliveries
 	if len(ds) != 1 || ds[0].Offset != 0 {
 		t.Fatalf("lease = %+v", ds)
 	}
@@ -348,7 +351,7 @@ func TestApplyPublishDropHeadTrimsGroups(t *testing.T) {
 	if st.InFlight != 0 || st.Backlog != 2 {
 		t.Fatalf("group after its leased head was dropped = %+v, want in_flight 0 backlog 2", st)
 	}
-	r := h.must(&Command{Op: OpAck, Now: 30, Topic: "t", Group: "g", Receipts: receipts(ds)})
+	r := h.must(&command.Command{Op: command.OpAck, Now: 30, Topic: "t", Group: "g", Receipts: receipts(ds)})
 	if !reflect.DeepEqual(r.Statuses, []string{group.StatusStale}) {
 		t.Fatalf("ack of a dropped message = %v, want [stale]", r.Statuses)
 	}
@@ -365,9 +368,9 @@ func TestApplyPublishDropHeadTrimsGroups(t *testing.T) {
 
 func TestApplyLeaseAckExtendExpire(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h.must(publish(1, "t", msg("a"), msg("b"), msg("c")))
-	lr := h.must(&Command{Op: OpLease, Now: 5000, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000})
+	lr := h.must(&command.Command{Op: command.OpLease, Now: 5000, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000})
 	leaseIdx := h.idx
 	if len(lr.Deliveries) != 2 || lr.Deliveries[0].Offset != 0 || lr.Deliveries[1].Offset != 1 {
 		t.Fatalf("deliveries = %+v", lr.Deliveries)
@@ -378,13 +381,13 @@ func TestApplyLeaseAckExtendExpire(t *testing.T) {
 		}
 	}
 	rs := receipts(lr.Deliveries)
-	if r := h.must(&Command{Op: OpAck, Now: 5100, Topic: "t", Group: "g", Receipts: rs[:1]}); !reflect.DeepEqual(r.Statuses, []string{"ok"}) {
+	if r := h.must(&command.Command{Op: command.OpAck, Now: 5100, Topic: "t", Group: "g", Receipts: rs[:1]}); !reflect.DeepEqual(r.Statuses, []string{"ok"}) {
 		t.Fatalf("ack = %v", r.Statuses)
 	}
-	if r := h.must(&Command{Op: OpAck, Now: 5101, Topic: "t", Group: "g", Receipts: rs[:1]}); !reflect.DeepEqual(r.Statuses, []string{"stale"}) {
+	if r := h.must(&command.Command{Op: command.OpAck, Now: 5101, Topic: "t", Group: "g", Receipts: rs[:1]}); !reflect.DeepEqual(r.Statuses, []string{"stale"}) {
 		t.Fatalf("second ack = %v", r.Statuses)
 	}
-	if r := h.must(&Command{Op: OpExtend, Now: 5500, Topic: "t", Group: "g", LeaseMs: 2000, Receipts: rs[1:]}); !reflect.DeepEqual(r.Statuses, []string{"ok"}) {
+	if r := h.must(&command.Command{Op: command.OpExtend, Now: 5500, Topic: "t", Group: "g", LeaseMs: 2000, Receipts: rs[1:]}); !reflect.DeepEqual(r.Statuses, []string{"ok"}) {
 		t.Fatalf("extend = %v", r.Statuses) // now until 7500
 	}
 	// The leader's sweeper: find due leases, propose OpExpire.
@@ -401,7 +404,7 @@ func TestApplyLeaseAckExtendExpire(t *testing.T) {
 		t.Fatalf("due before the extended expiry: %+v", due)
 	}
 	// An expire proposed for the old expiry time changes nothing.
-	h.must(&Command{Op: OpExpire, Now: 6000, Expired: []group.Expired{{Topic: "t", Group: "g", Receipt: rs[1]}}})
+	h.must(&command.Command{Op: command.OpExpire, Now: 6000, Expired: []group.Expired{{Topic: "t", Group: "g", Receipt: rs[1]}}})
 	if st := topicStates(t, h.f, 6000)["t"].Groups["g"]; st.InFlight != 1 {
 		t.Fatalf("early expire changed state: %+v", st)
 	}
@@ -410,7 +413,7 @@ func TestApplyLeaseAckExtendExpire(t *testing.T) {
 		t.Fatalf("due at 7500 = %+v", due)
 	}
 	h.notified = map[string]int{}
-	h.must(&Command{Op: OpExpire, Now: 7500, NodeID: "n1", Rands: []uint32{1 << 31, 0, 0}, Expired: append(due,
+	h.must(&command.Command{Op: command.OpExpire, Now: 7500, NodeID: "n1", Rands: []uint32{1 << 31, 0, 0}, Expired: append(due,
 		group.Expired{Topic: "gone", Group: "g", Receipt: rs[1]}, // deleted topics are skipped
 		group.Expired{Topic: "t", Group: "nogroup", Receipt: rs[1]},
 	)})
@@ -425,7 +428,7 @@ func TestApplyLeaseAckExtendExpire(t *testing.T) {
 	if st := topicStates(t, h.f, 9000)["t"].Groups["g"]; st != (group.Stats{Backlog: 2, Acked: 1}) {
 		t.Fatalf("stats once the retry is due = %+v", st)
 	}
-	lr = h.must(&Command{Op: OpLease, Now: 9000, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000})
+	lr = h.must(&command.Command{Op: command.OpLease, Now: 9000, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000})
 	want := []group.Delivery{
 		{Partition: 0, Offset: 1, RetryCount: 1, Delivery: h.idx, Reason: "lease expired"},
 		{Partition: 0, Offset: 2, RetryCount: 0, Delivery: h.idx},
@@ -433,17 +436,17 @@ func TestApplyLeaseAckExtendExpire(t *testing.T) {
 	if !reflect.DeepEqual(lr.Deliveries, want) {
 		t.Fatalf("lease after expiry = %+v, want %+v", lr.Deliveries, want)
 	}
-	if r := h.must(&Command{Op: OpAck, Now: 9001, Topic: "t", Group: "g", Receipts: rs[1:]}); !reflect.DeepEqual(r.Statuses, []string{"stale"}) {
+	if r := h.must(&command.Command{Op: command.OpAck, Now: 9001, Topic: "t", Group: "g", Receipts: rs[1:]}); !reflect.DeepEqual(r.Statuses, []string{"stale"}) {
 		t.Fatalf("ack with the pre-expiry receipt = %v, want [stale]", r.Statuses)
 	}
 }
 
 func TestApplyNackDeadLetterReplay(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h.must(publish(1, "t", msg("a"), msg("b")))
-	ds := h.must(&Command{Op: OpLease, Now: 10, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000}).Deliveries
-	r := h.must(&Command{Op: OpNack, Now: 20, Topic: "t", Group: "g", Receipts: receipts(ds), NodeID: "n1",
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000}).Deliveries
+	r := h.must(&command.Command{Op: command.OpNack, Now: 20, Topic: "t", Group: "g", Receipts: receipts(ds), NodeID: "n1",
 		Reason: "poison", Retryable: false, DelayMs: -1})
 	if !reflect.DeepEqual(r.Statuses, []string{"ok", "ok"}) {
 		t.Fatalf("nack = %v", r.Statuses)
@@ -451,19 +454,19 @@ func TestApplyNackDeadLetterReplay(t *testing.T) {
 	if st := topicStates(t, h.f, 30)["t"].Groups["g"]; st != (group.Stats{DLQ: 2}) {
 		t.Fatalf("stats after rejecting both = %+v", st)
 	}
-	if r := h.apply(&Command{Op: OpDeleteDeadLetter, Now: 30, Topic: "t", Group: "g", IDs: []uint64{99}}); !errors.Is(r.Err, dlq.ErrNotFound) {
+	if r := h.apply(&command.Command{Op: command.OpDeleteDeadLetter, Now: 30, Topic: "t", Group: "g", IDs: []uint64{99}}); !errors.Is(r.Err, dlq.ErrNotFound) {
 		t.Fatalf("delete of an unknown dead letter: Err = %v, want dlq.ErrNotFound", r.Err)
 	}
-	if r := h.must(&Command{Op: OpReplay, Now: 40, Topic: "t", Group: "g", All: true, Rate: 10}); r.Accepted != 2 {
+	if r := h.must(&command.Command{Op: command.OpReplay, Now: 40, Topic: "t", Group: "g", All: true, Rate: 10}); r.Accepted != 2 {
 		t.Fatalf("replay accepted %d, want 2", r.Accepted)
 	}
-	if r := h.must(&Command{Op: OpReplayStep, Now: 50, Topic: "t", Group: "g", Max: 1}); r.Accepted != 1 {
+	if r := h.must(&command.Command{Op: command.OpReplayStep, Now: 50, Topic: "t", Group: "g", Max: 1}); r.Accepted != 1 {
 		t.Fatalf("first replay step accepted %d, want 1", r.Accepted)
 	}
 	if st := topicStates(t, h.f, 50)["t"].Groups["g"]; st.DLQ != 1 || st.Backlog != 1 || st.ReplayPending != 1 {
 		t.Fatalf("stats after one replay step = %+v", st)
 	}
-	ds = h.must(&Command{Op: OpLease, Now: 60, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000}).Deliveries
+	ds = h.must(&command.Command{Op: command.OpLease, Now: 60, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000}).Deliveries
 	if len(ds) != 1 || ds[0].Offset != 0 || ds[0].RetryCount != 0 {
 		t.Fatalf("replayed delivery = %+v, want 0/0 with retry_count reset", ds)
 	}
@@ -472,15 +475,15 @@ func TestApplyNackDeadLetterReplay(t *testing.T) {
 func TestApplyDropHeadFreesHeldKey(t *testing.T) {
 	h := mustFSM(t)
 	// No publish dedup, so two messages may carry the same key.
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(0)),
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(0)),
 		MaxMessages: ptr(int64(2)), Overflow: ptr(mlog.OverflowDropHead)}})
 	h.must(publish(1, "t", keyed(0, "K", "a"), keyed(0, "K", "b")))
-	ds := h.must(&Command{Op: OpLease, Now: 10, Topic: "t", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "t", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
 	if len(ds) != 1 || ds[0].Offset != 0 {
 		t.Fatalf("lease = %+v, want only 0/0 (0/1 held behind K)", ds)
 	}
 	h.must(publish(20, "t", msg("c"))) // drops 0/0
-	ds = h.must(&Command{Op: OpLease, Now: 30, Topic: "t", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
+	ds = h.must(&command.Command{Op: command.OpLease, Now: 30, Topic: "t", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
 	var offs []uint64
 	for _, d := range ds {
 		offs = append(offs, d.Offset)
@@ -492,19 +495,19 @@ func TestApplyDropHeadFreesHeldKey(t *testing.T) {
 
 func TestApplyGroupErrors(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	for _, tc := range []struct {
-		c    *Command
+		c    *command.Command
 		want error
 	}{
-		{&Command{Op: OpAck, Topic: "t", Group: "none", Receipts: []group.Receipt{{}}}, group.ErrGroupNotFound},
-		{&Command{Op: OpExtend, Topic: "t", Group: "none", LeaseMs: 1, Receipts: []group.Receipt{{}}}, group.ErrGroupNotFound},
-		{&Command{Op: OpDeleteGroup, Topic: "t", Group: "none"}, group.ErrGroupNotFound},
-		{&Command{Op: OpLease, Topic: "t", Group: "a/b", Max: 1, LeaseMs: 1}, mlog.ErrInvalidName},
-		{&Command{Op: OpPutGroup, Topic: "t", Group: ".."}, mlog.ErrInvalidName},
-		{&Command{Op: OpLease, Topic: "none", Group: "g", Max: 1, LeaseMs: 1}, mlog.ErrTopicNotFound},
-		{&Command{Op: OpPutGroup, Topic: "none", Group: "g"}, mlog.ErrTopicNotFound},
-		{&Command{Op: OpTrim, Topic: "none"}, mlog.ErrTopicNotFound},
+		{&command.Command{Op: command.OpAck, Topic: "t", Group: "none", Receipts: []group.Receipt{{}}}, group.ErrGroupNotFound},
+		{&command.Command{Op: command.OpExtend, Topic: "t", Group: "none", LeaseMs: 1, Receipts: []group.Receipt{{}}}, group.ErrGroupNotFound},
+		{&command.Command{Op: command.OpDeleteGroup, Topic: "t", Group: "none"}, group.ErrGroupNotFound},
+		{&command.Command{Op: command.OpLease, Topic: "t", Group: "a/b", Max: 1, LeaseMs: 1}, mlog.ErrInvalidName},
+		{&command.Command{Op: command.OpPutGroup, Topic: "t", Group: ".."}, mlog.ErrInvalidName},
+		{&command.Command{Op: command.OpLease, Topic: "none", Group: "g", Max: 1, LeaseMs: 1}, mlog.ErrTopicNotFound},
+		{&command.Command{Op: command.OpPutGroup, Topic: "none", Group: "g"}, mlog.ErrTopicNotFound},
+		{&command.Command{Op: command.OpTrim, Topic: "none"}, mlog.ErrTopicNotFound},
 	} {
 		if r := h.apply(tc.c); !errors.Is(r.Err, tc.want) {
 			t.Errorf("%s %s/%s: Err = %v, want %v", tc.c.Op, tc.c.Topic, tc.c.Group, r.Err, tc.want)
@@ -513,13 +516,13 @@ func TestApplyGroupErrors(t *testing.T) {
 	if g := topicStates(t, h.f, 0)["t"].Groups; len(g) != 0 {
 		t.Fatalf("failed commands created groups: %v", g)
 	}
-	if r := h.must(&Command{Op: OpPutGroup, Topic: "t", Group: "g"}); !r.Created {
+	if r := h.must(&command.Command{Op: command.OpPutGroup, Topic: "t", Group: "g"}); !r.Created {
 		t.Fatalf("put group: Created = false")
 	}
-	if r := h.must(&Command{Op: OpPutGroup, Topic: "t", Group: "g"}); r.Created {
+	if r := h.must(&command.Command{Op: command.OpPutGroup, Topic: "t", Group: "g"}); r.Created {
 		t.Fatalf("second put group: Created = true")
 	}
-	h.must(&Command{Op: OpDeleteGroup, Topic: "t", Group: "g"})
+	h.must(&command.Command{Op: command.OpDeleteGroup, Topic: "t", Group: "g"})
 	if g := topicStates(t, h.f, 0)["t"].Groups; len(g) != 0 {
 		t.Fatalf("groups after delete = %v", g)
 	}
@@ -527,14 +530,14 @@ func TestApplyGroupErrors(t *testing.T) {
 
 func TestApplyTrimRetention(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{RetentionMs: ptr(int64(1000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{RetentionMs: ptr(int64(1000))}})
 	h.must(publish(1000, "t", msg("a"), msg("b")))
-	h.must(&Command{Op: OpTrim, Now: 1999, Topic: "t"}) // cutoff 999: nothing
+	h.must(&command.Command{Op: command.OpTrim, Now: 1999, Topic: "t"}) // cutoff 999: nothing
 	if p := parts(t, h.f, "t")[0]; p.First != 0 {
 		t.Fatalf("trim before retention passed: %+v", p)
 	}
 	h.must(publish(3000, "t", msg("c")))
-	h.must(&Command{Op: OpTrim, Now: 2500, Topic: "t"}) // applied at 3000 (time never goes back): cutoff 2000
+	h.must(&command.Command{Op: command.OpTrim, Now: 2500, Topic: "t"}) // applied at 3000 (time never goes back): cutoff 2000
 	if p := parts(t, h.f, "t")[0]; p != (mlog.PartitionMeta{First: 2, Next: 3, Bytes: 1}) {
 		t.Fatalf("after retention trim = %+v", p)
 	}
@@ -542,20 +545,20 @@ func TestApplyTrimRetention(t *testing.T) {
 
 func TestApplyTrimToGroupFloor(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	h.must(publish(1, "t", msg("a"), msg("b"), msg("c")))
-	h.must(&Command{Op: OpTrim, Now: 10, Topic: "t"})
+	h.must(&command.Command{Op: command.OpTrim, Now: 10, Topic: "t"})
 	if p := parts(t, h.f, "t")[0]; p.First != 0 {
 		t.Fatalf("trim without groups dropped messages: %+v", p)
 	}
-	h.must(&Command{Op: OpPutGroup, Now: 10, Topic: "t", Group: "slow"})
-	ds := h.must(&Command{Op: OpLease, Now: 10, Topic: "t", Group: "fast", Max: 3, LeaseMs: 1000}).Deliveries
-	h.must(&Command{Op: OpAck, Now: 11, Topic: "t", Group: "fast", Receipts: receipts(ds)[:1]})
-	h.must(&Command{Op: OpTrim, Now: 12, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutGroup, Now: 10, Topic: "t", Group: "slow"})
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "t", Group: "fast", Max: 3, LeaseMs: 1000}).Deliveries
+	h.must(&command.Command{Op: command.OpAck, Now: 11, Topic: "t", Group: "fast", Receipts: receipts(ds)[:1]})
+	h.must(&command.Command{Op: command.OpTrim, Now: 12, Topic: "t"})
 	if p := parts(t, h.f, "t")[0]; p.First != 0 {
 		t.Fatalf("trimmed below the idle group's floor: %+v", p)
 	}
-	h.must(&Command{Op: OpDeleteGroup, Topic: "t", Group: "slow"})
+	h.must(&command.Command{Op: command.OpDeleteGroup, Topic: "t", Group: "slow"})
 	var plan []mlog.Trimmed
 	_ = h.f.View(func(tx *bolt.Tx) error {
 		l, _ := mlog.Open(tx, "t")
@@ -566,7 +569,7 @@ func TestApplyTrimToGroupFloor(t *testing.T) {
 	if !reflect.DeepEqual(plan, []mlog.Trimmed{{Partition: 0, NewFirst: 1}}) {
 		t.Fatalf("TrimPlan = %+v, want up to the first unfinished offset 1", plan)
 	}
-	h.must(&Command{Op: OpTrim, Now: 13, Topic: "t"})
+	h.must(&command.Command{Op: command.OpTrim, Now: 13, Topic: "t"})
 	if p := parts(t, h.f, "t")[0]; p.First != 1 {
 		t.Fatalf("after trim to floor = %+v", p)
 	}
@@ -574,13 +577,13 @@ func TestApplyTrimToGroupFloor(t *testing.T) {
 
 func TestApplyDeleteTopicDropsLeases(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
-	h.must(&Command{Op: OpPutTopic, Topic: "u"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "u"})
 	h.must(publish(1, "t", msg("a")))
 	h.must(publish(1, "u", msg("a")))
-	h.must(&Command{Op: OpLease, Now: 10, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
-	h.must(&Command{Op: OpLease, Now: 10, Topic: "u", Group: "g", Max: 1, LeaseMs: 100})
-	h.must(&Command{Op: OpDeleteTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
+	h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "u", Group: "g", Max: 1, LeaseMs: 100})
+	h.must(&command.Command{Op: command.OpDeleteTopic, Topic: "t"})
 	var due []group.Expired
 	if err := h.f.View(func(tx *bolt.Tx) error {
 		var err error
@@ -599,7 +602,7 @@ func TestApplyDeleteTopicDropsLeases(t *testing.T) {
 
 func TestApplyPublishIdempotencyKeys(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2)), DedupWindowMs: ptr(int64(1000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2)), DedupWindowMs: ptr(int64(1000))}})
 	r := h.must(publish(1000, "t", keyed(1, "K", "a"), keyed(0, "L", "b"), keyed(0, "K", "c")))
 	want := []Published{{1, 0, false}, {0, 0, false}, {1, 0, true}}
 	if !reflect.DeepEqual(r.Published, want) {
@@ -631,12 +634,12 @@ func TestApplyPublishIdempotencyKeys(t *testing.T) {
 
 func TestApplyDedupExpire(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
-	h.must(&Command{Op: OpPutTopic, Topic: "gone", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "gone", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
 	h.must(publish(1000, "t", keyed(0, "K1", "a"), keyed(0, "K2", "b")))
 	h.must(publish(1000, "gone", keyed(0, "K1", "a")))
 	h.must(publish(1500, "t", keyed(0, "K3", "c")))
-	h.must(&Command{Op: OpDeleteTopic, Topic: "gone"})
+	h.must(&command.Command{Op: command.OpDeleteTopic, Topic: "gone"})
 	dueAt := func(now int64) int {
 		var n int
 		_ = h.f.View(func(tx *bolt.Tx) error {
@@ -652,11 +655,11 @@ func TestApplyDedupExpire(t *testing.T) {
 	if n := dueAt(2000); n != 3 {
 		t.Fatalf("due dedup entries at 2000 = %d, want 3 (K1, K2 of t and K1 of the deleted topic)", n)
 	}
-	h.must(&Command{Op: OpDedupExpire, Now: 2000, Max: 2})
+	h.must(&command.Command{Op: command.OpDedupExpire, Now: 2000, Max: 2})
 	if n := dueAt(2000); n != 1 {
 		t.Fatalf("after expiring 2 of 3: %d due", n)
 	}
-	h.must(&Command{Op: OpDedupExpire, Now: 2000, Max: 100})
+	h.must(&command.Command{Op: command.OpDedupExpire, Now: 2000, Max: 100})
 	if n := dueAt(1 << 40); n != 1 {
 		t.Fatalf("entries left = %d, want only K3's", n)
 	}
@@ -670,9 +673,9 @@ func TestApplyDedupExpire(t *testing.T) {
 
 func TestApplyProducerSequences(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	pub := func(seq uint64, vals ...string) *Result {
-		c := &Command{Op: OpPublish, Now: 1, Topic: "t", Producer: "p1", Seq: seq}
+		c := &command.Command{Op: command.OpPublish, Now: 1, Topic: "t", Producer: "p1", Seq: seq}
 		for _, v := range vals {
 			c.Msgs = append(c.Msgs, msg(v))
 		}
@@ -701,13 +704,13 @@ func TestApplyProducerSequences(t *testing.T) {
 
 func TestApplySetNode(t *testing.T) {
 	h := mustFSM(t)
-	n1 := NodeInfo{ID: "n1", HTTPAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7101"}
-	n2 := NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
-	h.must(&Command{Op: OpSetNode, Node: n1})
-	h.must(&Command{Op: OpSetNode, Node: n2})
+	n1 := command.NodeInfo{ID: "n1", HTTPAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7101"}
+	n2 := command.NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
+	h.must(&command.Command{Op: command.OpSetNode, Node: n1})
+	h.must(&command.Command{Op: command.OpSetNode, Node: n2})
 	n2.HTTPAddr = "127.0.0.1:8002"
-	h.must(&Command{Op: OpSetNode, Node: n2})
-	if got := h.f.Nodes(); !reflect.DeepEqual(got, map[string]NodeInfo{"n1": n1, "n2": n2}) {
+	h.must(&command.Command{Op: command.OpSetNode, Node: n2})
+	if got := h.f.Nodes(); !reflect.DeepEqual(got, map[string]command.NodeInfo{"n1": n1, "n2": n2}) {
 		t.Fatalf("Nodes = %+v", got)
 	}
 }
@@ -720,17 +723,17 @@ func TestNodeAddressesFollowChanges(t *testing.T) {
 	if _, ok := h.f.Node("n1"); ok {
 		t.Fatal("an empty FSM knows n1")
 	}
-	n1 := NodeInfo{ID: "n1", HTTPAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7101"}
-	h.must(&Command{Op: OpSetNode, Node: n1})
+	n1 := command.NodeInfo{ID: "n1", HTTPAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7101"}
+	h.must(&command.Command{Op: command.OpSetNode, Node: n1})
 	if got, ok := h.f.Node("n1"); !ok || got != n1 {
 		t.Fatalf("Node(n1) = %+v, %v; want %+v", got, ok, n1)
 	}
 	n1.HTTPAddr = "127.0.0.1:8001"
-	h.must(&Command{Op: OpSetNode, Node: n1})
+	h.must(&command.Command{Op: command.OpSetNode, Node: n1})
 	if got, _ := h.f.Node("n1"); got != n1 {
 		t.Fatalf("after the address changed, Node(n1) = %+v; want %+v", got, n1)
 	}
-	h.must(&Command{Op: OpPutTopic, Topic: "t"}) // no node change: the cache stays
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"}) // no node change: the cache stays
 	all := h.f.Nodes()
 	delete(all, "n1") // a caller's copy
 	if _, ok := h.f.Node("n1"); !ok {
@@ -740,8 +743,8 @@ func TestNodeAddressesFollowChanges(t *testing.T) {
 	// A restore replaces the addresses: a snapshot of another FSM that
 	// knows n2 only.
 	o := mustFSM(t)
-	n2 := NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
-	o.must(&Command{Op: OpSetNode, Node: n2})
+	n2 := command.NodeInfo{ID: "n2", HTTPAddr: "127.0.0.1:7002", RaftAddr: "127.0.0.1:7102"}
+	o.must(&command.Command{Op: command.OpSetNode, Node: n2})
 	o.restoreInto(h)
 	if got, ok := h.f.Node("n2"); !ok || got != n2 {
 		t.Fatalf("after a restore, Node(n2) = %+v, %v; want %+v", got, ok, n2)
@@ -757,7 +760,7 @@ func TestAppliedIndexTracked(t *testing.T) {
 		t.Fatalf("fresh FSM AppliedIndex = %d", h.f.AppliedIndex())
 	}
 	logs := []*raft.Log{
-		{Index: 5, Type: raft.LogCommand, Data: (&Command{Op: OpPutTopic, Topic: "t"}).Encode()},
+		{Index: 5, Type: raft.LogCommand, Data: (&command.Command{Op: command.OpPutTopic, Topic: "t"}).Encode()},
 		{Index: 6, Type: raft.LogNoop},
 		{Index: 7, Type: raft.LogConfiguration, Data: []byte("not a command")},
 	}
@@ -789,7 +792,7 @@ func TestAppliedIndexTracked(t *testing.T) {
 
 func TestApplyUndecodableEntryPanics(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 	applied := h.f.AppliedIndex()
 	h.mustStopWritingNothing("an undecodable committed entry", func() {
 		h.f.ApplyBatch([]*raft.Log{
@@ -851,23 +854,23 @@ func (h *harness) restoreInto(dst *harness) {
 
 // buildState applies a mix of most kinds of command.
 func buildState(h *harness) {
-	h.must(&Command{Op: OpSetNode, Node: NodeInfo{ID: "n1", HTTPAddr: "h1", RaftAddr: "r1"}})
-	h.must(&Command{Op: OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: ptr(uint32(3))}})
-	h.must(&Command{Op: OpPutTopic, Topic: "b", Patch: mlog.Patch{MaxMessages: ptr(int64(4)), Overflow: ptr(mlog.OverflowDropHead)}})
+	h.must(&command.Command{Op: command.OpSetNode, Node: command.NodeInfo{ID: "n1", HTTPAddr: "h1", RaftAddr: "r1"}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: ptr(uint32(3))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "b", Patch: mlog.Patch{MaxMessages: ptr(int64(4)), Overflow: ptr(mlog.OverflowDropHead)}})
 	for i := range 10 {
 		p := keyed(uint32(i), fmt.Sprintf("k%d", i%7), fmt.Sprintf("value-%d", i))
 		h.must(publish(int64(1000+i), "a", p))
 		h.must(publish(int64(1000+i), "b", msg(fmt.Sprint(i))))
 	}
-	h.must(&Command{Op: OpPutGroup, Now: 1100, Topic: "a", Group: "idle"})
-	ds := h.must(&Command{Op: OpLease, Now: 1100, Topic: "a", Group: "g1", Max: 5, LeaseMs: 500}).Deliveries
-	h.must(&Command{Op: OpAck, Now: 1200, Topic: "a", Group: "g1", Receipts: receipts(ds)[:2]})
-	h.must(&Command{Op: OpExtend, Now: 1200, Topic: "a", Group: "g1", LeaseMs: 5000, Receipts: receipts(ds)[2:3]})
-	h.must(&Command{Op: OpExpire, Now: 1600, Expired: []group.Expired{{Topic: "a", Group: "g1", Receipt: receipts(ds)[3]}}})
-	ds = h.must(&Command{Op: OpLease, Now: 1700, Topic: "b", Group: "g2", Max: 2, LeaseMs: 500}).Deliveries
-	h.must(&Command{Op: OpNack, Now: 1701, Topic: "b", Group: "g2", Receipts: receipts(ds)[:1], NodeID: "n1",
+	h.must(&command.Command{Op: command.OpPutGroup, Now: 1100, Topic: "a", Group: "idle"})
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 1100, Topic: "a", Group: "g1", Max: 5, LeaseMs: 500}).Deliveries
+	h.must(&command.Command{Op: command.OpAck, Now: 1200, Topic: "a", Group: "g1", Receipts: receipts(ds)[:2]})
+	h.must(&command.Command{Op: command.OpExtend, Now: 1200, Topic: "a", Group: "g1", LeaseMs: 5000, Receipts: receipts(ds)[2:3]})
+	h.must(&command.Command{Op: command.OpExpire, Now: 1600, Expired: []group.Expired{{Topic: "a", Group: "g1", Receipt: receipts(ds)[3]}}})
+	ds = h.must(&command.Command{Op: command.OpLease, Now: 1700, Topic: "b", Group: "g2", Max: 2, LeaseMs: 500}).Deliveries
+	h.must(&command.Command{Op: command.OpNack, Now: 1701, Topic: "b", Group: "g2", Receipts: receipts(ds)[:1], NodeID: "n1",
 		Reason: "poison", DelayMs: -1})
-	h.must(&Command{Op: OpNack, Now: 1702, Topic: "b", Group: "g2", Receipts: receipts(ds)[1:], NodeID: "n1",
+	h.must(&command.Command{Op: command.OpNack, Now: 1702, Topic: "b", Group: "g2", Receipts: receipts(ds)[1:], NodeID: "n1",
 		Rands: []uint32{7}, Reason: "later", Retryable: true, DelayMs: -1})
 }
 
@@ -887,10 +890,10 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Applies after Snapshot() must not leak into the snapshot.
-	later := []*Command{
+	later := []*command.Command{
 		publish(3000, "a", msg("after-snapshot")),
-		{Op: OpLease, Now: 3000, Topic: "a", Group: "g1", Max: 100, LeaseMs: 100},
-		{Op: OpDeleteTopic, Now: 3000, Topic: "b"},
+		{Op: command.OpLease, Now: 3000, Topic: "a", Group: "g1", Max: 100, LeaseMs: 100},
+		{Op: command.OpDeleteTopic, Now: 3000, Topic: "b"},
 	}
 	for _, c := range later {
 		h.must(c)
@@ -905,7 +908,7 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 
 	r := mustFSM(t)
-	r.must(&Command{Op: OpPutTopic, Topic: "stale-topic"}) // replaced by the restore
+	r.must(&command.Command{Op: command.OpPutTopic, Topic: "stale-topic"}) // replaced by the restore
 	if err := r.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
@@ -969,8 +972,8 @@ func TestDeterministicReplicas(t *testing.T) {
 
 func TestApplyMulti(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2))}})
-	r := h.apply(&Command{Op: OpMulti, Batch: []*Command{
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(2))}})
+	r := h.apply(&command.Command{Op: command.OpMulti, Batch: []*command.Command{
 		publish(1, "t", msg("a")),
 		publish(1, "nope", msg("b")),
 		publish(1, "t", msg("c"), msg("d")), // full
@@ -994,7 +997,7 @@ func TestApplyMulti(t *testing.T) {
 // state already reached; the time survives a snapshot and restore.
 func TestFSMTimeMonotonic(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Now: 5000, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 5000, Topic: "t"})
 	if now := h.f.Now(); now != 5000 {
 		t.Fatalf("state time %d, want 5000", now)
 	}
@@ -1002,7 +1005,7 @@ func TestFSMTimeMonotonic(t *testing.T) {
 	if now := h.f.Now(); now != 5000 {
 		t.Fatalf("after a command stamped 1000: state time %d, want 5000", now)
 	}
-	r := h.must(&Command{Op: OpLease, Now: 2000, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000})
+	r := h.must(&command.Command{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g", Max: 1, LeaseMs: 1000})
 	if len(r.Deliveries) != 1 {
 		t.Fatalf("lease: %d deliveries", len(r.Deliveries))
 	}
@@ -1016,7 +1019,7 @@ func TestFSMTimeMonotonic(t *testing.T) {
 		}
 		return nil
 	})
-	h.must(&Command{Op: OpPutTopic, Now: 7000, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 7000, Topic: "t"})
 	h2 := mustFSM(t)
 	h.restoreInto(h2)
 	if now := h2.f.Now(); now != 7000 {
@@ -1031,16 +1034,16 @@ func TestFSMTimeMonotonic(t *testing.T) {
 // have been handed out yet).
 func TestApplyMultiLeases(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(2))}})
 	h.must(publish(1, "t", keyed(0, "", "a"), keyed(1, "", "b"), keyed(0, "", "c"), keyed(1, "", "d"), keyed(0, "", "e")))
 	entry := h.idx + 1
-	r := h.apply(&Command{Op: OpMulti, Now: 100, Batch: []*Command{
-		{Op: OpLease, Now: 100, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000},
-		{Op: OpLease, Now: 100, Topic: "nope", Group: "g", Max: 2, LeaseMs: 1000},
-		{Op: OpLease, Now: 200, Topic: "t", Group: "g", Max: 2, LeaseMs: 5000},
-		{Op: OpAck, Now: 200, Topic: "t", Group: "g", Receipts: []group.Receipt{{Partition: 0, Offset: 0, Delivery: entry}}},
-		{Op: OpLease, Now: 300, Topic: "t", Group: "other", Max: 10, LeaseMs: 1000},
-		{Op: OpLease, Now: 300, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000},
+	r := h.apply(&command.Command{Op: command.OpMulti, Now: 100, Batch: []*command.Command{
+		{Op: command.OpLease, Now: 100, Topic: "t", Group: "g", Max: 2, LeaseMs: 1000},
+		{Op: command.OpLease, Now: 100, Topic: "nope", Group: "g", Max: 2, LeaseMs: 1000},
+		{Op: command.OpLease, Now: 200, Topic: "t", Group: "g", Max: 2, LeaseMs: 5000},
+		{Op: command.OpAck, Now: 200, Topic: "t", Group: "g", Receipts: []group.Receipt{{Partition: 0, Offset: 0, Delivery: entry}}},
+		{Op: command.OpLease, Now: 300, Topic: "t", Group: "other", Max: 10, LeaseMs: 1000},
+		{Op: command.OpLease, Now: 300, Topic: "t", Group: "g", Max: 10, LeaseMs: 1000},
 	}})
 	if r.Err != nil || len(r.Multi) != 6 {
 		t.Fatalf("multi = %+v", r)
@@ -1102,7 +1105,7 @@ func TestApplyMultiLeases(t *testing.T) {
 		t.Fatalf("leases due at 5199 = %v, want the first and the last lease's", got)
 	}
 	// The receipts work in a later entry.
-	if r := h.must(&Command{Op: OpAck, Now: 400, Topic: "t", Group: "g", Receipts: receipts(second)}); !reflect.DeepEqual(r.Statuses, []string{"ok", "ok"}) {
+	if r := h.must(&command.Command{Op: command.OpAck, Now: 400, Topic: "t", Group: "g", Receipts: receipts(second)}); !reflect.DeepEqual(r.Statuses, []string{"ok", "ok"}) {
 		t.Fatalf("ack of the second lease later = %v", r.Statuses)
 	}
 }
@@ -1112,11 +1115,11 @@ func TestApplyMultiLeases(t *testing.T) {
 // and make it 1.34.
 func TestFSMPagesHoldPayloadOnce(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t"})
 	val := strings.Repeat("v", 1024)
 	const total, perBatch = 8192, 64
 	for i := 0; i < total; i += perBatch {
-		cmds := make([]*Command, perBatch)
+		cmds := make([]*command.Command, perBatch)
 		for j := range cmds {
 			cmds[j] = publish(int64(2+i), "t", msg(val))
 		}
@@ -1174,7 +1177,7 @@ func fsmFreelistSynced(t *testing.T, path string) bool {
 func TestFSMFreelistWrittenWhileSmall(t *testing.T) {
 	h := mustFSM(t)
 	path := h.f.path
-	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t"})
 	val := strings.Repeat("v", 1024)
 	for i := range 20 {
 		h.must(publish(int64(2+i), "t", msg(val), msg(val)))
@@ -1184,14 +1187,14 @@ func TestFSMFreelistWrittenWhileSmall(t *testing.T) {
 	}
 	// 16 MiB of messages, then the topic deleted: about 2000 free pages.
 	for i := range 256 {
-		cmds := make([]*Command, 64)
+		cmds := make([]*command.Command, 64)
 		for j := range cmds {
 			cmds[j] = publish(int64(100+i), "t", msg(val))
 		}
 		h.batch(cmds...)
 	}
-	h.must(&Command{Op: OpDeleteTopic, Now: 1000, Topic: "t"})
-	h.must(&Command{Op: OpPutTopic, Now: 1001, Topic: "u"})
+	h.must(&command.Command{Op: command.OpDeleteTopic, Now: 1000, Topic: "t"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1001, Topic: "u"})
 	h.must(publish(1002, "u", msg(val)))
 	if fsmFreelistSynced(t, path) {
 		t.Fatalf("with a large free list the commit still wrote it")

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/mqd/mqd/command"
 )
 
 // openAt opens the FSM at path and returns a harness continuing at its
@@ -40,8 +42,8 @@ func (h *harness) checkpoint() {
 	}
 }
 
-func setNode(id string) *Command {
-	return &Command{Op: OpSetNode, Node: NodeInfo{ID: id, HTTPAddr: "h-" + id, RaftAddr: "r-" + id}}
+func setNode(id string) *command.Command {
+	return &command.Command{Op: command.OpSetNode, Node: command.NodeInfo{ID: id, HTTPAddr: "h-" + id, RaftAddr: "r-" + id}}
 }
 
 // After a clean close the FSM opens as it was, with its applied index and

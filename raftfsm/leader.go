@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -188,7 +189,7 @@ func (n *Node) sweepLeases(ctx context.Context) {
 			return
 		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = n.Apply(actx, &Command{Op: OpExpire, Now: now, Expired: due, NodeID: n.cfg.ID, Rands: draw(len(due))})
+		_, err = n.Apply(actx, &command.Command{Op: command.OpExpire, Now: now, Expired: due, NodeID: n.cfg.ID, Rands: draw(len(due))})
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose lease expiry", "err", err)
@@ -235,7 +236,7 @@ func (n *Node) enforceRetention(ctx context.Context) {
 	}
 	for _, t := range topics {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpTrim, Now: now, Topic: t})
+		_, err := n.Apply(actx, &command.Command{Op: command.OpTrim, Now: now, Topic: t})
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose trim", "topic", t, "err", err)
@@ -258,7 +259,7 @@ func (n *Node) expireDedup(ctx context.Context) {
 			return
 		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpDedupExpire, Now: now, Max: dedupBatch})
+		_, err := n.Apply(actx, &command.Command{Op: command.OpDedupExpire, Now: now, Max: dedupBatch})
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose dedup expiry", "err", err)
@@ -331,7 +332,7 @@ func (n *Node) paceReplays(ctx context.Context, pacers map[string]*replayPacer) 
 		}
 		step := int(p.tokens)
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpReplayStep, Now: now.UnixMilli(), Topic: j.topic, Group: j.group, Max: uint32(step)})
+		_, err := n.Apply(actx, &command.Command{Op: command.OpReplayStep, Now: now.UnixMilli(), Topic: j.topic, Group: j.group, Max: uint32(step)})
 		cancel()
 		if err != nil {
 			n.logger.Warn("propose replay step", "topic", j.topic, "group", j.group, "err", err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 )
@@ -16,7 +17,7 @@ import (
 // follower builds none); FillLeased reads them for a result without.
 func TestLeaseResultMessages(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(4)),
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "t", Patch: mlog.Patch{MaxMessages: ptr(int64(4)),
 		Overflow: ptr(mlog.OverflowDropHead), MaxRetry: ptr(int64(7))}})
 	a := keyed(0, "ka", strings.Repeat("a", 3000))
 	a.Msg.Attrs = []mlog.Attr{{Name: "n", Value: "v"}}
@@ -24,14 +25,14 @@ func TestLeaseResultMessages(t *testing.T) {
 	b.Msg.MaxRetry = 2
 	h.must(publish(1000, "t", a, b, msg("c"), msg("d")))
 
-	nobody := h.must(&Command{Op: OpLease, Now: 2000, Topic: "t", Group: "g1", Max: 2, LeaseMs: 60000}).Deliveries
+	nobody := h.must(&command.Command{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g1", Max: 2, LeaseMs: 60000}).Deliveries
 	if len(nobody) != 2 || nobody[0].Msg != nil || nobody[1].Msg != nil {
 		t.Fatalf("lease with nobody waiting: %+v, want 2 deliveries without messages", nobody)
 	}
 	done := h.f.awaitLease()
-	r := h.apply(&Command{Op: OpMulti, Batch: []*Command{
-		{Op: OpLease, Now: 2000, Topic: "t", Group: "g2", Max: 2, LeaseMs: 60000},
-		{Op: OpLease, Now: 2000, Topic: "t", Group: "g3", Max: 1, LeaseMs: 60000},
+	r := h.apply(&command.Command{Op: command.OpMulti, Batch: []*command.Command{
+		{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g2", Max: 2, LeaseMs: 60000},
+		{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g3", Max: 1, LeaseMs: 60000},
 	}})
 	done()
 	got := append(r.Multi[0].Deliveries, r.Multi[1].Deliveries...)
@@ -101,9 +102,9 @@ func BenchmarkApplyLease(b *testing.B) {
 	for _, msgs := range []bool{false, true} {
 		b.Run("msgs="+map[bool]string{false: "false", true: "true"}[msgs], func(b *testing.B) {
 			h := mustFSM(b)
-			h.must(&Command{Op: OpPutTopic, Topic: "t"})
+			h.must(&command.Command{Op: command.OpPutTopic, Topic: "t"})
 			for done := 0; done < b.N; done += 500 {
-				c := &Command{Op: OpPublish, Now: 1, Topic: "t"}
+				c := &command.Command{Op: command.OpPublish, Now: 1, Topic: "t"}
 				for range min(500, b.N-done) {
 					c.Msgs = append(c.Msgs, mlog.Placed{Msg: &mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: val}})
 				}
@@ -117,7 +118,7 @@ func BenchmarkApplyLease(b *testing.B) {
 			for got := 0; got < b.N; {
 				b.StopTimer()
 				logs := []*raft.Log{{Index: h.idx + 1, Term: 1, Type: raft.LogCommand,
-					Data: (&Command{Op: OpLease, Now: 2, Topic: "t", Group: "g", Max: max, LeaseMs: 60000}).Encode()}}
+					Data: (&command.Command{Op: command.OpLease, Now: 2, Topic: "t", Group: "g", Max: max, LeaseMs: 60000}).Encode()}}
 				h.idx++
 				b.StartTimer()
 				r := h.f.ApplyBatch(logs)[0].(*Result)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/mqd/mqd/command"
 )
 
 // lostHarness is a node's FSM (at index 5, term 2), log store (raft's
@@ -26,7 +28,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 	var logs []*raft.Log
 	for i := uint64(1); i <= 5; i++ {
 		logs = append(logs, &raft.Log{Index: i, Term: 2, Type: raft.LogCommand,
-			Data: (&Command{Op: OpSetNode, Node: NodeInfo{ID: "n1", HTTPAddr: "a", RaftAddr: "b"}}).Encode()})
+			Data: (&command.Command{Op: command.OpSetNode, Node: command.NodeInfo{ID: "n1", HTTPAddr: "a", RaftAddr: "b"}}).Encode()})
 	}
 	f.ApplyBatch(logs)
 	store := raft.NewInmemStore()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/tlsconf"
 )
 
@@ -188,7 +189,7 @@ func Open(cfg Config) (*Node, error) {
 	removeCompactLeftover(fsm.path)
 	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
 	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
-	n.checkClockAtStart(fsm.Now()) // before anything records the clock again
+	n.checkClockAtStart(fsm.Now())              // before anything records the clock again
 	fsm.OnRecovery(n.metrics.recovery)
 	n.metrics.applied = fsm.AppliedIndex
 	fsm.Tally = n.metrics.tally
@@ -368,8 +369,8 @@ func (n *Node) closeStores() {
 func (n *Node) ID() string { return n.cfg.ID }
 
 // Info is this node's addresses.
-func (n *Node) Info() NodeInfo {
-	return NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
+func (n *Node) Info() command.NodeInfo {
+	return command.NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
 }
 
 // IsLeader reports whether this node is the leader now.
@@ -394,12 +395,12 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 
 // Apply proposes a command on the leader and waits for it to be committed
 // on a majority and applied here, or for ctx to end.
-func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
+func (n *Node) Apply(ctx context.Context, c *command.Command) (*Result, error) {
 	if err := n.enter(); err != nil {
 		return nil, err
 	}
 	defer n.leave()
-	if c.Op == OpLease {
+	if c.Op == command.OpLease {
 		defer n.FSM.awaitLease()()
 	}
 	f, err := n.propose(ctx, c.Encode())
@@ -487,7 +488,7 @@ func (n *Node) Shutdown() error {
 }
 
 // Bootstrap forms a new cluster of the given servers.
-func (n *Node) Bootstrap(servers []NodeInfo) error {
+func (n *Node) Bootstrap(servers []command.NodeInfo) error {
 	var cfg raft.Configuration
 	for _, s := range servers {
 		cfg.Servers = append(cfg.Servers, raft.Server{ID: raft.ServerID(s.ID), Address: raft.ServerAddress(s.RaftAddr), Suffrage: raft.Voter})
@@ -506,7 +507,7 @@ func (n *Node) Bootstrap(servers []NodeInfo) error {
 // A node not yet in the configuration is asked which state formats its
 // binary reads first, and refused (ErrFormatUnsupported) if not the
 // state's.
-func (n *Node) Join(ctx context.Context, info NodeInfo) error {
+func (n *Node) Join(ctx context.Context, info command.NodeInfo) error {
 	if !n.IsLeader() {
 		return ErrNotLeader
 	}
@@ -538,7 +539,7 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 	if n.FSM.Nodes()[info.ID] == info {
 		return nil
 	}
-	_, err := n.Apply(ctx, &Command{Op: OpSetNode, Now: Now().UnixMilli(), Node: info})
+	_, err := n.Apply(ctx, &command.Command{Op: command.OpSetNode, Now: Now().UnixMilli(), Node: info})
 	return err
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/internal/refusal"
 )
 
@@ -208,7 +209,7 @@ var ErrNodeIDInUse = refusal.New(409, "node_id_in_use", "node id in use")
 // not answer may be re-addressed this way (moved to another host), and so
 // may one whose answer already names info's raft address (the same node,
 // restarted on a new address).
-func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raftAddr string, ok bool)) error {
+func joinIDCheck(servers []raft.Server, info command.NodeInfo, live func(id string) (raftAddr string, ok bool)) error {
 	for _, s := range servers {
 		if string(s.ID) != info.ID || string(s.Address) == info.RaftAddr {
 			continue

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
@@ -45,7 +46,7 @@ type OutputPlacement struct {
 // checked (topic exists, size, duplicates, room) before the first write.
 // A call whose receipts were acked by an earlier process call is answered
 // with that call's kept outcome, changing nothing.
-func applyProcess(tx *bolt.Tx, idx uint64, c *Command, ev *Events) (*Result, error) {
+func applyProcess(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	if ev.format < ProcessFormat {
 		return nil, fmt.Errorf("%w (it is %d)", ErrFormatTooOld, ev.format)
 	}
@@ -120,7 +121,7 @@ type topicPlan struct {
 // planOutputs plans the outputs topic by topic, in the order each topic
 // first appears, and refuses (writing nothing) when a topic is unknown, an
 // output too large or a topic too full.
-func planOutputs(tx *bolt.Tx, c *Command, ev *Events) ([]topicPlan, error) {
+func planOutputs(tx *bolt.Tx, c *command.Command, ev *Events) ([]topicPlan, error) {
 	var plans []topicPlan
 	at := map[string]int{}
 	for i, o := range c.Outputs {

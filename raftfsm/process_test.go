@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 )
@@ -15,26 +16,26 @@ import (
 // format 3, publishes two keyed messages to in and leases them to group g.
 func processSetup(t *testing.T, h *harness, format uint32) []group.Receipt {
 	t.Helper()
-	h.must(&Command{Op: OpSetFormat, Now: 1000, Format: format})
-	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "in", Patch: mlog.Patch{Partitions: ptr(uint32(2)), DedupWindowMs: ptr(int64(60000))}})
-	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "out", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(100))}})
-	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "audit", Patch: mlog.Patch{MaxMessages: ptr(int64(3))}})
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1000, Format: format})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1000, Topic: "in", Patch: mlog.Patch{Partitions: ptr(uint32(2)), DedupWindowMs: ptr(int64(60000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1000, Topic: "out", Patch: mlog.Patch{MaxMessageBytes: ptr(int64(100))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1000, Topic: "audit", Patch: mlog.Patch{MaxMessages: ptr(int64(3))}})
 	h.must(publish(1001, "in", keyed(0, "order-1", "a"), keyed(1, "order-2", "b")))
-	r := h.must(&Command{Op: OpLease, Now: 1002, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000})
+	r := h.must(&command.Command{Op: command.OpLease, Now: 1002, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000})
 	if len(r.Deliveries) != 2 {
 		t.Fatalf("leased %d, want 2", len(r.Deliveries))
 	}
 	return receipts(r.Deliveries)
 }
 
-func out(topic, key, v string) Output {
+func out(topic, key, v string) command.Output {
 	m := msg(v)
 	m.Msg.IdempotencyKey = key
-	return Output{Topic: topic, Placed: m}
+	return command.Output{Topic: topic, Placed: m}
 }
 
-func processCmd(now int64, rs []group.Receipt, outs ...Output) *Command {
-	return &Command{Op: OpProcess, Now: now, Topic: "in", Group: "g", Receipts: rs, Outputs: outs}
+func processCmd(now int64, rs []group.Receipt, outs ...command.Output) *command.Command {
+	return &command.Command{Op: command.OpProcess, Now: now, Topic: "in", Group: "g", Receipts: rs, Outputs: outs}
 }
 
 func TestApplyProcessAcksAndPublishesOnce(t *testing.T) {
@@ -85,7 +86,7 @@ func TestApplyProcessRefusesWholly(t *testing.T) {
 	big := out("out", "", string(make([]byte, 101)))
 	cases := []struct {
 		name string
-		c    *Command
+		c    *command.Command
 		want error
 	}{
 		{"stale receipt", processCmd(1003, stale, out("out", "", "x")), ErrStaleReceipt},
@@ -94,7 +95,7 @@ func TestApplyProcessRefusesWholly(t *testing.T) {
 		{"oversized output", processCmd(1003, rs, out("audit", "", "x"), big), mlog.ErrTooLarge},
 		{"output topic full", processCmd(1003, rs, out("out", "", "x"), out("audit", "", "1"), out("audit", "", "2"),
 			out("audit", "", "3"), out("audit", "", "4")), mlog.ErrTopicFull},
-		{"unknown group", &Command{Op: OpProcess, Now: 1003, Topic: "in", Group: "h", Receipts: rs}, group.ErrGroupNotFound},
+		{"unknown group", &command.Command{Op: command.OpProcess, Now: 1003, Topic: "in", Group: "h", Receipts: rs}, group.ErrGroupNotFound},
 	}
 	for _, tc := range cases {
 		before := dumpDB(t, h.f)
@@ -126,9 +127,9 @@ func TestApplyProcessRefusesWholly(t *testing.T) {
 func TestApplyProcessAfterLeaseExpired(t *testing.T) {
 	h := mustFSM(t)
 	rs := processSetup(t, h, ProcessFormat)
-	h.must(&Command{Op: OpExpire, Now: 40000, Expired: []group.Expired{
+	h.must(&command.Command{Op: command.OpExpire, Now: 40000, Expired: []group.Expired{
 		{Topic: "in", Group: "g", Receipt: rs[0]}, {Topic: "in", Group: "g", Receipt: rs[1]}}})
-	r := h.must(&Command{Op: OpLease, Now: 60000, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000})
+	r := h.must(&command.Command{Op: command.OpLease, Now: 60000, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000})
 	second := receipts(r.Deliveries)
 	if len(second) != 2 {
 		t.Fatalf("redelivered %d, want 2", len(second))
@@ -152,7 +153,7 @@ func TestApplyProcessOutcomeExpires(t *testing.T) {
 	h := mustFSM(t)
 	rs := processSetup(t, h, ProcessFormat)
 	h.must(processCmd(1003, rs, out("out", "", "x")))
-	h.must(&Command{Op: OpDedupExpire, Now: 1003 + 60001, Max: 2048})
+	h.must(&command.Command{Op: command.OpDedupExpire, Now: 1003 + 60001, Max: 2048})
 	if r := h.apply(processCmd(1003+60002, rs, out("out", "", "x"))); !errors.Is(r.Err, ErrStaleReceipt) {
 		t.Fatalf("repeat after the window: %+v, want stale_receipt", r)
 	}
@@ -170,7 +171,7 @@ func TestApplyProcessOutcomeExpires(t *testing.T) {
 func TestApplyProcessDeterministicAcrossBatches(t *testing.T) {
 	run := func(h *harness, mode int) {
 		rs := processSetup(t, h, ProcessFormat)
-		cmds := []*Command{
+		cmds := []*command.Command{
 			processCmd(1003, rs[:1], out("out", "pay-1", "a"), out("audit", "", "x")),
 			processCmd(1004, rs[1:], out("out", "pay-1", "dup"), out("in", "order-3", "c")),
 			processCmd(1005, rs[:1], out("out", "pay-1", "a"), out("audit", "", "x")),
@@ -191,8 +192,8 @@ func TestApplyProcessDeterministicAcrossBatches(t *testing.T) {
 			*h = *fresh
 			h.batch(cmds[1:]...)
 		default:
-			h.apply(&Command{Op: OpMulti, Now: 1003, Batch: cmds[:2]})
-			h.apply(&Command{Op: OpMulti, Now: 1005, Batch: cmds[2:]})
+			h.apply(&command.Command{Op: command.OpMulti, Now: 1003, Batch: cmds[:2]})
+			h.apply(&command.Command{Op: command.OpMulti, Now: 1005, Batch: cmds[2:]})
 		}
 	}
 	a, b, c, d := mustFSM(t), mustFSM(t), mustFSM(t), mustFSM(t)
@@ -230,22 +231,22 @@ func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 // them there like an ack does, and leaves the others of the span leased.
 func TestApplyProcessSpanLeases(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpSetFormat, Now: 1000, Format: ProcessFormat})
-	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "in"})
-	h.must(&Command{Op: OpPutTopic, Now: 1000, Topic: "out"})
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1000, Format: ProcessFormat})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1000, Topic: "in"})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1000, Topic: "out"})
 	h.must(publish(1001, "in", msg("a"), msg("b"), msg("c")))
-	rs := receipts(h.must(&Command{Op: OpLease, Now: 1002, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000}).Deliveries)
+	rs := receipts(h.must(&command.Command{Op: command.OpLease, Now: 1002, Topic: "in", Group: "g", Max: 10, LeaseMs: 30000}).Deliveries)
 	if len(rs) != 3 {
 		t.Fatalf("leased %d", len(rs))
 	}
-	h.must(&Command{Op: OpProcess, Now: 1003, Topic: "in", Group: "g", Receipts: rs[:2], Outputs: []Output{out("out", "", "x")}})
+	h.must(&command.Command{Op: command.OpProcess, Now: 1003, Topic: "in", Group: "g", Receipts: rs[:2], Outputs: []command.Output{out("out", "", "x")}})
 	if g := topicStates(t, h.f, 1003)["in"].Groups["g"]; g.Acked != 2 || g.InFlight != 1 {
 		t.Fatalf("after processing 2 of a span of 3: %+v", g)
 	}
-	if r := h.must(&Command{Op: OpProcess, Now: 1004, Topic: "in", Group: "g", Receipts: rs[:2]}); !r.Process.Duplicate {
+	if r := h.must(&command.Command{Op: command.OpProcess, Now: 1004, Topic: "in", Group: "g", Receipts: rs[:2]}); !r.Process.Duplicate {
 		t.Fatalf("repeat: %+v", r.Process)
 	}
-	if r := h.must(&Command{Op: OpAck, Now: 1005, Topic: "in", Group: "g", Receipts: rs}); !reflect.DeepEqual(r.Statuses, []string{"stale", "stale", "ok"}) {
+	if r := h.must(&command.Command{Op: command.OpAck, Now: 1005, Topic: "in", Group: "g", Receipts: rs}); !reflect.DeepEqual(r.Statuses, []string{"stale", "stale", "ok"}) {
 		t.Fatalf("ack after process: %v", r.Statuses)
 	}
 }

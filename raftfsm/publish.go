@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -112,7 +113,7 @@ func (p *pubPlan) countDuplicates() error {
 // runs before the first write. Producer sequences are checked first, then
 // each message's idempotency key (inside the batch too); duplicates store
 // nothing and answer with the original's placement.
-func applyPublish(tx *bolt.Tx, c *Command, ev *Events) (*Result, error) {
+func applyPublish(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, error) {
 	l, err := mlog.Open(tx, c.Topic)
 	if err != nil {
 		return nil, err
@@ -272,7 +273,7 @@ const minProducerIdle = 60 * 60 * 1000
 // checkProducer applies the producer-sequence rule to the whole request:
 // its first sequence decides. It reports done when the request is a repeat
 // answered from history.
-func checkProducer(prod *dedup.Producers, c *Command, res *Result) (bool, error) {
+func checkProducer(prod *dedup.Producers, c *command.Command, res *Result) (bool, error) {
 	chk := prod.Check(c.Producer, c.Seq, c.Now)
 	switch chk.Verdict {
 	case dedup.SeqNew:
@@ -298,7 +299,7 @@ func checkProducer(prod *dedup.Producers, c *Command, res *Result) (bool, error)
 }
 
 // applyDedupExpire removes up to c.Max due dedup entries, oldest first.
-func applyDedupExpire(tx *bolt.Tx, c *Command) error {
+func applyDedupExpire(tx *bolt.Tx, c *command.Command) error {
 	due, err := dedup.DueEntries(tx, c.Now, int(c.Max))
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dlq"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
@@ -25,13 +26,13 @@ func mustRead(t *testing.T, f *FSM, fn func(r *Reader) error) {
 func TestReaderGetters(t *testing.T) {
 	h := mustFSM(t)
 	two := uint32(2)
-	h.must(&Command{Op: OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: &two}})
-	h.must(&Command{Op: OpPutTopic, Topic: "b"})
-	h.must(&Command{Op: OpPutTopic, Topic: "c"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "a", Patch: mlog.Patch{Partitions: &two}})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "b"})
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "c"})
 	h.must(publish(1, "a", keyed(0, "k1", "v1"), keyed(1, "", "value-2"), keyed(1, "", "v3")))
-	h.must(&Command{Op: OpPutGroup, Now: 2, Topic: "a", Group: "idle"})
-	ds := h.must(&Command{Op: OpLease, Now: 10, Topic: "a", Group: "g", Max: 1, LeaseMs: 1000}).Deliveries
-	h.must(&Command{Op: OpNack, Now: 20, Topic: "a", Group: "g", Receipts: receipts(ds), Reason: "poison", Retryable: true, DelayMs: 0})
+	h.must(&command.Command{Op: command.OpPutGroup, Now: 2, Topic: "a", Group: "idle"})
+	ds := h.must(&command.Command{Op: command.OpLease, Now: 10, Topic: "a", Group: "g", Max: 1, LeaseMs: 1000}).Deliveries
+	h.must(&command.Command{Op: command.OpNack, Now: 20, Topic: "a", Group: "g", Receipts: receipts(ds), Reason: "poison", Retryable: true, DelayMs: 0})
 
 	mustRead(t, h.f, func(r *Reader) error {
 		if got := r.AppliedIndex(); got != h.idx {
@@ -77,9 +78,9 @@ func TestReaderGetters(t *testing.T) {
 
 	// Everything leased, one message nacked with a delay: no lease now,
 	// due when its delay ends.
-	all := h.must(&Command{Op: OpLease, Now: 40, Topic: "a", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
-	h.must(&Command{Op: OpNack, Now: 50, Topic: "a", Group: "g", Receipts: receipts(all[:1]), Reason: "later", Retryable: true, DelayMs: 5000})
-	h.must(&Command{Op: OpNack, Now: 60, Topic: "a", Group: "g", Receipts: receipts(all[1:2]), Reason: "dead",
+	all := h.must(&command.Command{Op: command.OpLease, Now: 40, Topic: "a", Group: "g", Max: 10, LeaseMs: 60000}).Deliveries
+	h.must(&command.Command{Op: command.OpNack, Now: 50, Topic: "a", Group: "g", Receipts: receipts(all[:1]), Reason: "later", Retryable: true, DelayMs: 5000})
+	h.must(&command.Command{Op: command.OpNack, Now: 60, Topic: "a", Group: "g", Receipts: receipts(all[1:2]), Reason: "dead",
 		Retryable: false, DelayMs: -1})
 	mustRead(t, h.f, func(r *Reader) error {
 		lease, due, err := r.LeaseOutlook("a", "g", 70)

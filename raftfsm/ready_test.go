@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/mqd/mqd/command"
 )
 
 // A node whose latest entries are not commands (barriers, as each new
@@ -19,7 +21,7 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 			defer cancel()
 			n := openSingleNode(ctx, t, store)
 
-			if _, err := n.Apply(ctx, &Command{Op: OpPutTopic, Now: Now().UnixMilli(), Topic: "t"}); err != nil {
+			if _, err := n.Apply(ctx, &command.Command{Op: command.OpPutTopic, Now: Now().UnixMilli(), Topic: "t"}); err != nil {
 				t.Fatalf("create topic: %v", err)
 			}
 			barriers := func(k int) {
@@ -82,7 +84,7 @@ func openSingleNode(ctx context.Context, t *testing.T, store string) *Node {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
+	if err := n.Bootstrap([]command.NodeInfo{n.Info()}); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
 	tick := time.NewTicker(5 * time.Millisecond)

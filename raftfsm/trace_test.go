@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 )
@@ -25,17 +26,17 @@ func (h *harness) trace(key string, now int64) (*KeyTrace, error) {
 // keeps its deliveries and failures.
 func TestTraceKey(t *testing.T) {
 	h := mustFSM(t)
-	h.must(&Command{Op: OpPutTopic, Now: 0, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 0, Topic: "t", Patch: mlog.Patch{DedupWindowMs: ptr(int64(1000))}})
 	h.must(publish(1, "t", keyed(0, "k", "a"), keyed(0, "k", "dup")))
 	if tr, err := h.trace("k", 2); err != nil || tr.Duplicates != 0 {
 		t.Fatalf("format 1: %+v %v, want no duplicates counted", tr, err)
 	}
-	h.must(&Command{Op: OpSetFormat, Now: 2, Format: StateFormat})
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 2, Format: StateFormat})
 	h.must(publish(3, "t", keyed(0, "k", "dup"), keyed(0, "k", "dup")))
-	r := h.must(&Command{Op: OpLease, Now: 4, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
-	h.must(&Command{Op: OpNack, Now: 5, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries), Reason: "boom", Retryable: true, DelayMs: 0})
-	r = h.must(&Command{Op: OpLease, Now: 6, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
-	h.must(&Command{Op: OpAck, Now: 7, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries)})
+	r := h.must(&command.Command{Op: command.OpLease, Now: 4, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
+	h.must(&command.Command{Op: command.OpNack, Now: 5, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries), Reason: "boom", Retryable: true, DelayMs: 0})
+	r = h.must(&command.Command{Op: command.OpLease, Now: 6, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
+	h.must(&command.Command{Op: command.OpAck, Now: 7, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries)})
 	tr, err := h.trace("k", 8)
 	if err != nil || tr.Partition != 0 || tr.Offset != 0 || tr.PublishedAt != 1 || tr.Duplicates != 2 {
 		t.Fatalf("trace: %+v %v", tr, err)
@@ -46,9 +47,9 @@ func TestTraceKey(t *testing.T) {
 	}
 	// The publish window passes, k is published again: g processed k
 	// within its own window (from the ack), so the new message is skipped.
-	h.must(&Command{Op: OpDedupExpire, Now: 1002, Max: 100})
+	h.must(&command.Command{Op: command.OpDedupExpire, Now: 1002, Max: 100})
 	h.must(publish(1003, "t", keyed(0, "k", "again")))
-	h.must(&Command{Op: OpLease, Now: 1004, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
+	h.must(&command.Command{Op: command.OpLease, Now: 1004, Topic: "t", Group: "g", Max: 1, LeaseMs: 100})
 	if tr, err = h.trace("k", 1005); err != nil || tr.Offset != 1 || tr.Duplicates != 0 || tr.Groups["g"].State != group.KeySkipped {
 		t.Fatalf("after a re-publish: %+v %v, want offset 1, skipped", tr, err)
 	}
@@ -62,8 +63,8 @@ func TestTraceKey(t *testing.T) {
 // of the messages: one read transaction, as the HTTP handler runs it.
 func BenchmarkReconcile10k(b *testing.B) {
 	h := mustFSM(b)
-	h.must(&Command{Op: OpSetFormat, Now: 1, Format: StateFormat})
-	h.must(&Command{Op: OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(4))}})
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: StateFormat})
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "t", Patch: mlog.Patch{Partitions: ptr(uint32(4))}})
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("order-%06d", i)
@@ -75,10 +76,10 @@ func BenchmarkReconcile10k(b *testing.B) {
 		}
 		h.must(publish(2, "t", msgs...))
 	}
-	h.must(&Command{Op: OpPutGroup, Now: 3, Topic: "t", Group: "idle"})
+	h.must(&command.Command{Op: command.OpPutGroup, Now: 3, Topic: "t", Group: "idle"})
 	for acked := 0; acked < 4500; {
-		r := h.must(&Command{Op: OpLease, Now: 4, Topic: "t", Group: "g", Max: 500, LeaseMs: 60000})
-		h.must(&Command{Op: OpAck, Now: 5, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries)})
+		r := h.must(&command.Command{Op: command.OpLease, Now: 4, Topic: "t", Group: "g", Max: 500, LeaseMs: 60000})
+		h.must(&command.Command{Op: command.OpAck, Now: 5, Topic: "t", Group: "g", Receipts: receipts(r.Deliveries)})
 		acked += len(r.Deliveries)
 	}
 	b.ResetTimer()

@@ -1,4 +1,4 @@
-package raftfsm
+package command
 
 import (
 	"bytes"
@@ -96,7 +96,7 @@ func TestSampleCommandsCoverEveryOp(t *testing.T) {
 func TestCommandRoundTrip(t *testing.T) {
 	for _, c := range sampleCommands() {
 		b := c.Encode()
-		got, err := DecodeCommand(b)
+		got, err := Decode(b)
 		if err != nil {
 			t.Fatalf("%s: decode: %v", c.Op, err)
 		}
@@ -112,7 +112,7 @@ func TestCommandRoundTrip(t *testing.T) {
 func TestCommandEncodesOnlyItsOpFields(t *testing.T) {
 	c := &Command{Op: OpLease, Now: 1, Topic: "t", Group: "g", Max: 2, LeaseMs: 3,
 		Receipts: []group.Receipt{{Partition: 1}}, Node: NodeInfo{ID: "x"}, Patch: mlog.Patch{MaxRetry: ptr(int64(1))}}
-	got, err := DecodeCommand(c.Encode())
+	got, err := Decode(c.Encode())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestCommandEmptyLists(t *testing.T) {
 		{Op: OpAck, Topic: "t", Group: "g"},
 		{Op: OpExpire},
 	} {
-		got, err := DecodeCommand(c.Encode())
+		got, err := Decode(c.Encode())
 		if err != nil {
 			t.Fatalf("%s with no items: %v", c.Op, err)
 		}
@@ -194,14 +194,14 @@ func TestDecodeCommandGarbage(t *testing.T) {
 	for _, in := range inputs {
 		got, err := decodeNoPanic(t, in)
 		if err == nil {
-			t.Errorf("DecodeCommand(%x) = %s, want an error", in, dump(got))
+			t.Errorf("Decode(%x) = %s, want an error", in, dump(got))
 			continue
 		}
 		if got != nil {
-			t.Errorf("DecodeCommand(%x) returned a command with error %v", in, err)
+			t.Errorf("Decode(%x) returned a command with error %v", in, err)
 		}
 		if !errors.Is(err, mlog.ErrCorrupt) {
-			t.Errorf("DecodeCommand(%x): err = %v, want ErrCorrupt", in, err)
+			t.Errorf("Decode(%x): err = %v, want ErrCorrupt", in, err)
 		}
 	}
 }
@@ -233,10 +233,10 @@ func decodeNoPanic(t testing.TB, b []byte) (c *Command, err error) {
 	t.Helper()
 	defer func() {
 		if r := recover(); r != nil {
-			t.Fatalf("DecodeCommand(%x) panicked: %v", b, r)
+			t.Fatalf("Decode(%x) panicked: %v", b, r)
 		}
 	}()
-	return DecodeCommand(b)
+	return Decode(b)
 }
 
 // dump prints a command with its pointers followed.
@@ -324,7 +324,7 @@ func TestFuzzSeedCorpus(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", e.Name(), err)
 		}
-		if _, err := DecodeCommand([]byte(s)); err != nil {
+		if _, err := Decode([]byte(s)); err != nil {
 			t.Fatalf("seed %s does not decode: %v", e.Name(), err)
 		}
 	}
@@ -337,7 +337,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{codecVersion, byte(OpExpire), 0, 1, 1, 't', 1, 'g', 2, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := DecodeCommand(b)
+		c, err := Decode(b)
 		if err != nil {
 			if c != nil {
 				t.Fatalf("command returned with error %v", err)
@@ -351,7 +351,7 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("decoded a command with op %s", c.Op)
 		}
 		enc := c.Encode()
-		again, err := DecodeCommand(enc)
+		again, err := Decode(enc)
 		if err != nil {
 			t.Fatalf("re-encoded command does not decode: %v\n%s", err, dump(c))
 		}
@@ -364,7 +364,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	})
 }
 
-// encodeMulti frames already encoded commands (the batcher's path) into
+// EncodeMulti frames already encoded commands (the batcher's path) into
 // an OpMulti that decodes to those commands, with its own time.
 func TestEncodeMulti(t *testing.T) {
 	subs := []*Command{
@@ -375,7 +375,7 @@ func TestEncodeMulti(t *testing.T) {
 	for _, c := range subs {
 		enc = append(enc, c.Encode())
 	}
-	got, err := DecodeCommand(encodeMulti(7, enc))
+	got, err := Decode(EncodeMulti(7, enc))
 	if err != nil {
 		t.Fatal(err)
 	}

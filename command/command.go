@@ -1,4 +1,7 @@
-package raftfsm
+// Package command is the codec of the replicated commands: one Command per
+// state change, its Op, and the versioned binary encoding raft's log holds.
+// It is pure (no raft, no bbolt): the FSM decodes what the node encodes.
+package command
 
 import (
 	"encoding/binary"
@@ -103,7 +106,7 @@ func (c *Command) Encode() []byte {
 		for i, sub := range c.Batch {
 			subs[i] = sub.Encode()
 		}
-		return encodeMulti(c.Now, subs)
+		return EncodeMulti(c.Now, subs)
 	}
 	e := mlog.Enc{B: make([]byte, 0, c.sizeHint())}
 	c.encode(&e)
@@ -119,11 +122,11 @@ var encBufs sync.Pool
 // megabytes are rare enough to allocate, and would pin that much memory.
 const maxPooledEnc = 16 << 10
 
-// encodePooled is Encode into a buffer from encBufs when one is large
-// enough; buf, when not nil, is the buffer to give back (recycleEnc) once
+// EncodePooled is Encode into a buffer from encBufs when one is large
+// enough; buf, when not nil, is the buffer to give back (RecycleEnc) once
 // enc is copied into an entry. An enc that becomes an entry itself is
 // raft's and is never given back.
-func (c *Command) encodePooled() (enc []byte, buf *[]byte) {
+func (c *Command) EncodePooled() (enc []byte, buf *[]byte) {
 	hint := c.sizeHint()
 	if c.Op == OpMulti || hint > maxPooledEnc {
 		return c.Encode(), nil
@@ -139,17 +142,17 @@ func (c *Command) encodePooled() (enc []byte, buf *[]byte) {
 	return e.B, buf
 }
 
-// recycleEnc gives a buffer of encodePooled back to encBufs; nothing may
+// RecycleEnc gives a buffer of EncodePooled back to encBufs; nothing may
 // use its encoding after.
-func recycleEnc(buf *[]byte) {
+func RecycleEnc(buf *[]byte) {
 	if buf != nil && cap(*buf) <= maxPooledEnc {
 		encBufs.Put(buf)
 	}
 }
 
-// encodeMulti is the OpMulti encoding of commands already encoded (the
+// EncodeMulti is the OpMulti encoding of commands already encoded (the
 // batcher's commands are encoded by their callers).
-func encodeMulti(now int64, subs [][]byte) []byte {
+func EncodeMulti(now int64, subs [][]byte) []byte {
 	n := 16
 	for _, s := range subs {
 		n += len(s) + binary.MaxVarintLen32
@@ -309,8 +312,8 @@ func decodeReceipts(d *mlog.Dec) []group.Receipt {
 	return rs
 }
 
-// DecodeCommand reads what Encode wrote. Byte slices in the result alias b.
-func DecodeCommand(b []byte) (*Command, error) {
+// Decode reads what Encode wrote. Byte slices in the result alias b.
+func Decode(b []byte) (*Command, error) {
 	d := mlog.Dec{B: b}
 	if v := d.Byte(); d.Err() == nil && v != codecVersion {
 		return nil, fmt.Errorf("%w: command codec version %d", mlog.ErrCorrupt, v)
@@ -340,7 +343,7 @@ func DecodeCommand(b []byte) (*Command, error) {
 		n := d.Len(4)
 		c.Batch = make([]*Command, n)
 		for i := range c.Batch {
-			sub, err := DecodeCommand(d.Bytes())
+			sub, err := Decode(d.Bytes())
 			if err == nil && sub.Op == OpMulti {
 				err = fmt.Errorf("%w: nested multi command", mlog.ErrCorrupt)
 			}
