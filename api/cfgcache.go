@@ -3,8 +3,8 @@ package api
 import (
 	"sync"
 
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // cfgCache keeps topic configurations between changes, so that a publish
@@ -30,7 +30,7 @@ func (s *Server) topicConfig(topic string) (mlog.Config, error) {
 	if hit {
 		return cfg, nil
 	}
-	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	err := s.node.FSM.Read(func(r *fsm.Reader) error {
 		var err error
 		cfg, err = r.TopicConfig(topic)
 		return err

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -129,7 +129,7 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]group.Delivery, e
 	now := nowMs()
 	var ackTimeoutMs int64
 	needed := false
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err := s.node.FSM.Read(func(rd *fsm.Reader) error {
 		cfg, err := rd.TopicConfig(r.topic)
 		if err != nil {
 			return err
@@ -318,7 +318,7 @@ func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *command.Co
 	if len(cmd.Receipts) > 0 {
 		res, err := s.node.ApplyBatched(r.ctx, cmd)
 		if errors.Is(err, group.ErrGroupNotFound) {
-			res, err = &raftfsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
+			res, err = &fsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
 		}
 		if err != nil {
 			return err

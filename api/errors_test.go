@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
@@ -55,8 +56,8 @@ func TestWriteErrorClassification(t *testing.T) {
 		{ErrBadHeader, 400, "bad_header"},
 		{ErrBadRequest, 400, "bad_request"},
 		{mlog.ErrPartitionShrink, 409, "partitions_shrink"},
-		{raftfsm.ErrSeqGap, 409, "sequence_gap"},
-		{raftfsm.ErrSeqOverlap, 409, "sequence_overlap"},
+		{fsm.ErrSeqGap, 409, "sequence_gap"},
+		{fsm.ErrSeqOverlap, 409, "sequence_overlap"},
 		{ErrHeaderTooLarge, 431, "header_too_large"},
 		{ErrRequestTimeout, 408, "request_timeout"},
 		{mlog.ErrTooLarge, 413, "message_too_large"},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -81,7 +82,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 			cn.NodeInfo, cn.State = s.node.Info(), s.node.StateName()
 			cn.LastContactMs = s.node.LastContactMs()
 			cn.AppliedIndex, cn.CommitIndex = out.AppliedIndex, out.CommitIndex
-			cn.StateFormatMax = raftfsm.StateFormat
+			cn.StateFormatMax = fsm.StateFormat
 		} else {
 			p := s.node.Peer(info.ID)
 			cn.NodeInfo, cn.State, cn.LastContactMs = info, p.State, p.LastContactMs

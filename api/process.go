@@ -6,9 +6,9 @@ import (
 
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -68,11 +68,11 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	if s.node.FSM.StateFormat() < raftfsm.ProcessFormat {
-		return fmt.Errorf("%w (it is %d)", raftfsm.ErrFormatTooOld, s.node.FSM.StateFormat())
+	if s.node.FSM.StateFormat() < fsm.ProcessFormat {
+		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.node.FSM.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
-	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, raftfsm.ErrStaleReceipt) {
+	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, fsm.ErrStaleReceipt) {
 		rr, serr := staleReceipts(err, r, b.Ack, idx, res)
 		writeStale(ctx, serr, rr)
 		return nil
@@ -183,21 +183,21 @@ func (s *Server) processOutput(o *processOut, i int) (command.Output, error) {
 type invalidReceipts map[string]bool
 
 func (e invalidReceipts) Error() string {
-	return fmt.Sprintf("%v: %d invalid receipts", raftfsm.ErrStaleReceipt, len(e))
+	return fmt.Sprintf("%v: %d invalid receipts", fsm.ErrStaleReceipt, len(e))
 }
 
-func (e invalidReceipts) Unwrap() error { return raftfsm.ErrStaleReceipt }
+func (e invalidReceipts) Unwrap() error { return fsm.ErrStaleReceipt }
 
 // staleReceipts pairs the request's receipts (ack, of which the command
 // holds those at idx) with their statuses in a refused call's result; a
 // group that does not exist makes each one invalid, as in an ack.
-func staleReceipts(err error, r *route, ack []string, idx []int, res *raftfsm.Result) ([]receiptResult, error) {
+func staleReceipts(err error, r *route, ack []string, idx []int, res *fsm.Result) ([]receiptResult, error) {
 	var st []string
 	if res != nil {
 		st = res.Statuses
 	}
 	if errors.Is(err, group.ErrGroupNotFound) {
-		err = fmt.Errorf("%w: group %q does not exist", raftfsm.ErrStaleReceipt, r.group)
+		err = fmt.Errorf("%w: group %q does not exist", fsm.ErrStaleReceipt, r.group)
 		st = make([]string, len(idx))
 		for i := range st {
 			st[i] = group.StatusInvalid
@@ -228,13 +228,13 @@ func writeStale(ctx *fasthttp.RequestCtx, err error, rr []receiptResult) {
 }
 
 // countProcess counts the call's acks and stored outputs on /metrics.
-func (s *Server) countProcess(pr *raftfsm.ProcessResult) {
+func (s *Server) countProcess(pr *fsm.ProcessResult) {
 	ok := make([]string, pr.Acked)
 	for i := range ok {
 		ok[i] = group.StatusOK
 	}
 	s.metrics.countReceipts("process", ok)
-	byTopic := map[string][]raftfsm.Published{}
+	byTopic := map[string][]fsm.Published{}
 	var order []string
 	for _, o := range pr.Outputs {
 		if _, seen := byTopic[o.Topic]; !seen {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -90,8 +91,8 @@ func (s *Server) getTopic(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) error {
-	var st *raftfsm.TopicStats
-	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	var st *fsm.TopicStats
+	err := s.node.FSM.Read(func(r *fsm.Reader) error {
 		var err error
 		st, err = r.TopicStats(topic, nowMs())
 		return err
@@ -119,7 +120,7 @@ type topicStats struct {
 	Groups     map[string]group.Stats `json:"groups"`
 }
 
-func topicJSON(st *raftfsm.TopicStats) *topicStats {
+func topicJSON(st *fsm.TopicStats) *topicStats {
 	out := &topicStats{Name: st.Name, Config: st.Config, Messages: st.Messages, Bytes: st.Bytes, Groups: st.Groups}
 	for _, p := range st.Partitions {
 		out.Partitions = append(out.Partitions, partStats{p.Partition, p.FirstOffset, p.NextOffset, p.Messages})
@@ -142,7 +143,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	out := []*topicStats{}
 	next := ""
 	now := nowMs()
-	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err = s.node.FSM.Read(func(rd *fsm.Reader) error {
 		var err error
 		rd.EachTopicAfter(after, func(t string) bool {
 			if !r.sees(t) {
@@ -152,7 +153,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 				next = out[len(out)-1].Name
 				return false
 			}
-			var st *raftfsm.TopicStats
+			var st *fsm.TopicStats
 			if st, err = rd.TopicStats(t, now); err != nil {
 				return false
 			}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -71,7 +71,7 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 	val := payload(payloadSize)
 	for _, keyed := range []bool{false, true} {
 		b.Run(fmt.Sprintf("keys=%v/batch=%d", keyed, batch), func(b *testing.B) {
-			f, err := raftfsm.OpenFSM(filepath.Join(b.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
+			f, err := fsm.OpenFSM(filepath.Join(b.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -82,7 +82,7 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 				idx++
 				return []*raft.Log{{Index: idx, Term: 1, Type: raft.LogCommand, Data: c.Encode()}}
 			}
-			if r := f.ApplyBatch(entry(&command.Command{Op: command.OpPutTopic, Now: now, Topic: "t"}))[0].(*raftfsm.Result); r.Err != nil {
+			if r := f.ApplyBatch(entry(&command.Command{Op: command.OpPutTopic, Now: now, Topic: "t"}))[0].(*fsm.Result); r.Err != nil {
 				b.Fatal(r.Err)
 			}
 			var out []interface{}
@@ -90,7 +90,7 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 				if out == nil {
 					return
 				}
-				for _, r := range out[0].(*raftfsm.Result).Multi {
+				for _, r := range out[0].(*fsm.Result).Multi {
 					if r.Err != nil || len(r.Published) != 1 || r.Published[0].Duplicate {
 						b.Fatalf("publish result %+v", r)
 					}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 )
 
 // Group commit above Raft: concurrent publishes, fetches (leases), acks,
@@ -39,7 +40,7 @@ type pending struct {
 }
 
 type batchResult struct {
-	res *Result
+	res *fsm.Result
 	err error
 }
 
@@ -74,7 +75,7 @@ func newBatcher(n *Node) *batcher {
 // others (each is applied on its own; one's failure does not fail another).
 // It encodes c before it waits: from then on c and the buffers it refers
 // to are the caller's again, even if ApplyBatched returns early.
-func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*Result, error) {
+func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
@@ -83,7 +84,7 @@ func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*Result, e
 	}
 	defer n.leave()
 	if c.Op == command.OpLease {
-		defer n.FSM.awaitLease()()
+		defer n.FSM.AwaitLease()()
 	}
 	// Encoded here, in the caller's goroutine: the many callers encode in
 	// parallel rather than the batcher one after the other, and once this

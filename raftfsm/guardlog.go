@@ -41,7 +41,7 @@ func (g guardedLog) IsMonotonic() bool {
 // StoreLogs refuses an entry at the applied index with another term.
 func (g guardedLog) StoreLogs(logs []*raft.Log) error {
 	if len(logs) > 0 && logs[0].Index <= g.n.FSM.AppliedIndex() {
-		idx, term := g.n.FSM.appliedIndexTerm()
+		idx, term := g.n.FSM.AppliedIndexTerm()
 		for _, l := range logs {
 			if l.Index == idx && l.Term != term {
 				why := fmt.Sprintf("a leader sent an entry at index %d with term %d, where the state applied term %d", idx, l.Term, term)

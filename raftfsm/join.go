@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 )
 
 // Status is what a node tells peers that are forming or joining a cluster
@@ -47,7 +48,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	st := Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
-		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
+		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: fsm.StateFormat, StateFormat: n.FSM.StateFormat(),
 		DiskLow: n.disk.lowNow(), DiskKeep: n.disk.need.Load()}
 	if st.DiskKeep > 0 {
 		st.DiskFree = n.disk.free.Load()

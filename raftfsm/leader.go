@@ -7,6 +7,7 @@ import (
 
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -122,7 +123,7 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)
 	defer ret.Stop()
-	if err := n.replays.start(func() ([]TopicGroup, error) { return queuedReplays(n.FSM) }); err != nil {
+	if err := n.replays.start(func() ([]fsm.TopicGroup, error) { return queuedReplays(n.FSM) }); err != nil {
 		n.logger.Error("rebuild the set of queued replays", "err", err)
 	}
 	defer n.replays.stop()
@@ -216,7 +217,7 @@ func (n *Node) enforceRetention(ctx context.Context) {
 				n.trims.remove(t)
 				continue
 			}
-			plan, err := TrimPlan(tx, l, now)
+			plan, err := fsm.TrimPlan(tx, l, now)
 			if err != nil {
 				return err
 			}

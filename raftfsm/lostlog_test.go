@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 )
 
 // lostHarness is a node's FSM (at index 5, term 2), log store (raft's
@@ -20,7 +21,7 @@ import (
 func lostHarness(t *testing.T) (*Node, string) {
 	t.Helper()
 	dir := t.TempDir()
-	f, err := OpenFSM(filepath.Join(dir, "fsm.db"), slog.New(slog.DiscardHandler))
+	f, err := fsm.OpenFSM(filepath.Join(dir, "fsm.db"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 // record.
 func TestLostEntriesRecordedAtOpen(t *testing.T) {
 	n, dir := lostHarness(t)
-	idx, term := n.FSM.appliedIndexTerm()
+	idx, term := n.FSM.AppliedIndexTerm()
 	if err := n.checkLostAtOpen(idx, term, n.snaps); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	gometrics "github.com/hashicorp/go-metrics"
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,8 +20,8 @@ import (
 // next to the state's per-group gauges.
 type nodeMetrics struct {
 	mu      sync.Mutex
-	tallies map[TopicGroup]*TallyAt
-	applied func() uint64 // the FSM's applied index
+	tallies map[fsm.TopicGroup]*TallyAt
+	applied func() uint64 // the fsm.FSM's applied index
 
 	leaderChanges prometheus.Counter
 	snapshots     prometheus.Counter
@@ -46,7 +47,7 @@ type TallyAt struct {
 
 func newNodeMetrics() *nodeMetrics {
 	return &nodeMetrics{
-		tallies: map[TopicGroup]*TallyAt{},
+		tallies: map[fsm.TopicGroup]*TallyAt{},
 		applied: func() uint64 { return 0 },
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_leader_changes_total",
 			Help: "Times this node saw the cluster's leader change (including to none)."}),
@@ -66,7 +67,7 @@ func newNodeMetrics() *nodeMetrics {
 
 // tally adds a batch's events to the sums (called after the batch is
 // applied, so the applied index covers it).
-func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
+func (m *nodeMetrics) tally(ts map[fsm.TopicGroup]*group.Tally) {
 	at := m.applied()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -86,11 +87,11 @@ func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
 
 // GroupTallies answers a copy of the per-group sums of applied events
 // (only groups that had any).
-func (n *Node) GroupTallies() map[TopicGroup]TallyAt {
+func (n *Node) GroupTallies() map[fsm.TopicGroup]TallyAt {
 	m := n.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[TopicGroup]TallyAt, len(m.tallies))
+	out := make(map[fsm.TopicGroup]TallyAt, len(m.tallies))
 	for k, t := range m.tallies {
 		out[k] = *t
 	}
@@ -100,7 +101,7 @@ func (n *Node) GroupTallies() map[TopicGroup]TallyAt {
 // DropGroupTallies forgets the sums of groups that a view of the state
 // at applied index upTo did not hold (deleted groups), unless events were
 // added to them after upTo (a group created since).
-func (n *Node) DropGroupTallies(keys []TopicGroup, upTo uint64) {
+func (n *Node) DropGroupTallies(keys []fsm.TopicGroup, upTo uint64) {
 	m := n.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -15,6 +15,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/internal/durable"
 	"github.com/mqd/mqd/tlsconf"
 )
 
@@ -83,7 +85,7 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg        Config
 	Raft       *raft.Raft
-	FSM        *FSM
+	FSM        *fsm.FSM
 	trans      *voteGate // raft's TCP transport, kept out of elections while lost is restricted
 	stores     *raftStores
 	lost       *lostGuard // lostlog.go
@@ -105,9 +107,9 @@ type Node struct {
 	logger     *slog.Logger
 	batch      *batcher
 	sched      *scheduler
-	replays    *workSet[TopicGroup] // groups with a replay queued
-	trims      *workSet[string]     // topics that may need trimming
-	serving    atomic.Bool          // leader with its FSM caught up (after the term's barrier)
+	replays    *workSet[fsm.TopicGroup] // groups with a replay queued
+	trims      *workSet[string]         // topics that may need trimming
+	serving    atomic.Bool              // leader with its FSM caught up (after the term's barrier)
 	snaps      *raft.FileSnapshotStore
 	metrics    *nodeMetrics
 	observed   chan raft.Observation
@@ -175,26 +177,25 @@ func Open(cfg Config) (*Node, error) {
 	// What the log and snapshots can bring the state back to: OpenFSM
 	// keeps a copy of a live tree that is ahead of it before it rolls the
 	// file back to its checkpoint (evidence.go).
-	backed, err := logBacks(n.stores.log, snaps)
+	backed, err := fsm.LogBacks(n.stores.log, snaps)
 	if err != nil {
 		n.closeStores()
 		return nil, err
 	}
-	fsm, err := OpenFSMBacked(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger, backed)
+	sm, err := fsm.OpenFSMBacked(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger, backed)
 	if err != nil {
 		n.closeStores()
 		return nil, err
 	}
-	n.FSM = fsm
-	removeCompactLeftover(fsm.path)
-	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
-	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
-	n.checkClockAtStart(fsm.Now())              // before anything records the clock again
-	fsm.OnRecovery(n.metrics.recovery)
-	n.metrics.applied = fsm.AppliedIndex
-	fsm.Tally = n.metrics.tally
+	n.FSM = sm
+	sm.CompactAtStart(n.disk.isLow(0))         // fsm/compact.go
+	n.disk.countSnapshots(sm.NextSnapshotSize) // compact.go
+	n.checkClockAtStart(sm.Now())              // before anything records the clock again
+	sm.OnRecovery(n.metrics.recovery)
+	n.metrics.applied = sm.AppliedIndex
+	sm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
-	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
+	n.replays, n.trims = &workSet[fsm.TopicGroup]{}, &workSet[string]{}
 	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
 	if n.stores.kind == LogStoreWAL {
 		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
@@ -207,11 +208,11 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
-	applied, appliedTerm := fsm.lostEvidence() // how far the state got before this start (lostlog.go)
-	if o := fsm.OpenedIndex(); o > 0 {
+	applied, appliedTerm := sm.LostEvidence() // how far the state got before this start (lostlog.go)
+	if o := sm.OpenedIndex(); o > 0 {
 		last = o
 	}
-	fsm.TallyFrom.Store(last)
+	sm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
 	// Raft writes the log through guardedLog, which refuses to replace
@@ -273,7 +274,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	installRaftSink()
-	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.stores.stable, snaps, n.trans)
+	n.Raft, err = raft.NewRaft(rc, sm, logs, n.stores.stable, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -348,11 +349,11 @@ func syncDataDirs(dataDir string) error {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "wal")); err == nil {
-		if err := syncDir(filepath.Join(dataDir, "wal")); err != nil {
+		if err := durable.SyncDir(filepath.Join(dataDir, "wal")); err != nil {
 			return err
 		}
 	}
-	return syncDir(dataDir)
+	return durable.SyncDir(dataDir)
 }
 
 func (n *Node) closeStores() {
@@ -395,13 +396,13 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 
 // Apply proposes a command on the leader and waits for it to be committed
 // on a majority and applied here, or for ctx to end.
-func (n *Node) Apply(ctx context.Context, c *command.Command) (*Result, error) {
+func (n *Node) Apply(ctx context.Context, c *command.Command) (*fsm.Result, error) {
 	if err := n.enter(); err != nil {
 		return nil, err
 	}
 	defer n.leave()
 	if c.Op == command.OpLease {
-		defer n.FSM.awaitLease()()
+		defer n.FSM.AwaitLease()()
 	}
 	f, err := n.propose(ctx, c.Encode())
 	if err != nil {
@@ -427,7 +428,7 @@ func (n *Node) propose(ctx context.Context, data []byte) (raft.ApplyFuture, erro
 
 // await waits for a proposed command to be committed and applied here, or
 // for ctx to end.
-func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*Result, error) {
+func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*fsm.Result, error) {
 	done := make(chan struct{})
 	go func() { _ = f.Error(); close(done) }()
 	select {
@@ -445,7 +446,7 @@ func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*Result, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNoQuorum, err)
 		}
 	}
-	res, _ := f.Response().(*Result)
+	res, _ := f.Response().(*fsm.Result)
 	if res == nil {
 		return nil, fmt.Errorf("%w: no result", ErrNoQuorum)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/internal/durable"
 )
 
 // Snapshots at start. raft's file snapshot store records a CRC-64 (ECMA)
@@ -70,7 +71,7 @@ func (n *Node) setAsideBadSnapshots(store raft.SnapshotStore) error {
 		}
 		n.logger.Error("snapshot damaged: "+why+"; it was moved aside, raft restores an older one or replays the log (or gets the leader's)",
 			"snapshot", m.ID, "snapshot_index", m.Index, "set_aside_as", aside)
-		n.FSM.recordRecovery("snapshot_crc")
+		n.FSM.RecordRecovery("snapshot_crc")
 	}
 	return nil
 }
@@ -86,7 +87,7 @@ func moveSnapshotAside(dataDir, id string) (string, error) {
 		return "", fmt.Errorf("set aside snapshot: %w", err)
 	}
 	for _, d := range []string{snapshotStoreDir(dataDir), dst, dataDir} {
-		if err := syncDir(d); err != nil {
+		if err := durable.SyncDir(d); err != nil {
 			return "", fmt.Errorf("set aside snapshot: %w", err)
 		}
 	}
@@ -108,15 +109,15 @@ func syncSnapshotDirs(dataDir string) error {
 	}
 	for _, e := range ents {
 		if e.IsDir() {
-			if err := syncDir(filepath.Join(dir, e.Name())); err != nil {
+			if err := durable.SyncDir(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	if err := syncDir(dir); err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dir))
+	return durable.SyncDir(filepath.Dir(dir))
 }
 
 // snapshotStoreDir is where raft's file store keeps the snapshots: a

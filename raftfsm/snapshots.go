@@ -49,7 +49,7 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		}
 		reclaim := why == "reclaim"
 		n.boundTrailingLogs(reclaim)
-		n.FSM.reclaim.Store(reclaim)
+		n.FSM.ReclaimNext(reclaim)
 		start := time.Now()
 		err := n.Raft.Snapshot().Error()
 		switch {

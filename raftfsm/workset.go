@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"sync"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -66,8 +67,8 @@ func (p *workSet[K]) remove(k K) {
 }
 
 // queuedReplays lists the groups with dead letters queued for replay.
-func queuedReplays(f *FSM) ([]TopicGroup, error) {
-	var found []TopicGroup
+func queuedReplays(f *fsm.FSM) ([]fsm.TopicGroup, error) {
+	var found []fsm.TopicGroup
 	err := f.View(func(tx *bolt.Tx) error {
 		for _, t := range mlog.Topics(tx) {
 			l, err := mlog.Open(tx, t)
@@ -80,7 +81,7 @@ func queuedReplays(f *FSM) ([]TopicGroup, error) {
 					return err
 				}
 				if store, err := g.DeadLetters(); err == nil && store.ReplayRate() > 0 {
-					found = append(found, TopicGroup{t, gname})
+					found = append(found, fsm.TopicGroup{Topic: t, Group: gname})
 				}
 			}
 		}
@@ -90,7 +91,7 @@ func queuedReplays(f *FSM) ([]TopicGroup, error) {
 }
 
 // allTopics lists every topic: a new leader checks each once for trimming.
-func allTopics(f *FSM) ([]string, error) {
+func allTopics(f *fsm.FSM) ([]string, error) {
 	var out []string
 	err := f.View(func(tx *bolt.Tx) error {
 		out = mlog.Topics(tx)

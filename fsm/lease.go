@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"github.com/mqd/mqd/group"
@@ -16,7 +16,7 @@ func (r *Reader) NeedsLease(topic, name string, now int64) (bool, error) {
 // its message, read from the current state, with MaxRetry resolved as a
 // lease resolves it; a message no longer retained is left out (its lease
 // went with it). A lease's result on the node that waits for it always
-// carries its messages (FSM.awaitLease), so this is a fallback that opens
+// carries its messages (FSM.AwaitLease), so this is a fallback that opens
 // no read transaction when nothing is missing.
 func (f *FSM) FillLeased(topic string, ds []group.Delivery) ([]group.Delivery, error) {
 	missing := false

@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"bytes"
@@ -8,7 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
+
+	"github.com/mqd/mqd/internal/durable"
 )
 
 // fsm.db is written without fsync (see ARCHITECTURE.md, "Durability
@@ -129,7 +130,7 @@ func openStateFile(path string, cur *fsmState) (*stateFile, error) {
 	if cur == nil || cur.legacy != "" {
 		init := fsmState{}
 		b := init.encode()
-		if err := writeFileSync(name, append(b, b...)); err != nil {
+		if err := durable.WriteFileSync(name, append(b, b...)); err != nil {
 			return nil, fmt.Errorf("fsm state: %w", err)
 		}
 		cur = &init
@@ -155,40 +156,6 @@ func (sf *stateFile) write(clean bool, c *checkpoint) error {
 }
 
 func (sf *stateFile) close() error { return sf.f.Close() }
-
-// writeFileSync writes name through a temporary file that is fsynced and
-// renamed over it, then fsyncs the directory so the rename is durable.
-func writeFileSync(name string, data []byte) error {
-	tmp := name + ".tmp"
-	w, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(data); err != nil {
-		w.Close()
-		return err
-	}
-	if err := w.Sync(); err != nil {
-		w.Close()
-		return err
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, name); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(name))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
 
 // readAtFull reads len(b) bytes of name at off.
 func readAtFull(name string, b []byte, off int64) error {

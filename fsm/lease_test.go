@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func TestLeaseResultMessages(t *testing.T) {
 	if len(nobody) != 2 || nobody[0].Msg != nil || nobody[1].Msg != nil {
 		t.Fatalf("lease with nobody waiting: %+v, want 2 deliveries without messages", nobody)
 	}
-	done := h.f.awaitLease()
+	done := h.f.AwaitLease()
 	r := h.apply(&command.Command{Op: command.OpMulti, Batch: []*command.Command{
 		{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g2", Max: 2, LeaseMs: 60000},
 		{Op: command.OpLease, Now: 2000, Topic: "t", Group: "g3", Max: 1, LeaseMs: 60000},
@@ -111,7 +111,7 @@ func BenchmarkApplyLease(b *testing.B) {
 				h.must(c)
 			}
 			if msgs {
-				defer h.f.awaitLease()()
+				defer h.f.AwaitLease()()
 			}
 			b.ReportAllocs()
 			b.ResetTimer()

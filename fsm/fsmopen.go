@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"errors"
@@ -176,7 +176,7 @@ func (f *FSM) startEmpty(plan openPlan) error {
 	}
 	f.logger.Error("fsm.db not used: "+plan.why+"; it was set aside and the state starts empty, rebuilt from the latest snapshot "+
 		"and the raft log (or the leader's snapshot)", "reason", plan.reason, "set_aside_as", aside)
-	f.recordRecovery(plan.reason)
+	f.RecordRecovery(plan.reason)
 	return nil
 }
 
@@ -201,7 +201,7 @@ func (f *FSM) logOpened(plan openPlan, index, term uint64, took time.Duration) {
 		f.logger.Warn("state machine opened at its last checkpoint: fsm.db was "+plan.why[:strings.Index(plan.why, ":")]+
 			"; raft replays the log after it", "applied_index", index, "applied_term", term, "tree_check", tree,
 			"took", took.Round(time.Millisecond))
-		f.recordRecovery("unclean_stop")
+		f.RecordRecovery("unclean_stop")
 		return
 	}
 	// Opening takes about a second per GiB of fsm.db when bbolt walks every

@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"encoding/binary"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/internal/durable"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -89,8 +90,8 @@ func (f *FSM) keepLiveEvidence(ckpt, backed uint64) error {
 	return nil
 }
 
-// logBacks is the highest index the raft log or a snapshot holds.
-func logBacks(log raft.LogStore, snaps raft.SnapshotStore) (uint64, error) {
+// LogBacks is the highest index the raft log or a snapshot holds.
+func LogBacks(log raft.LogStore, snaps raft.SnapshotStore) (uint64, error) {
 	last, err := log.LastIndex()
 	if err != nil {
 		return 0, fmt.Errorf("raft log store: %w", err)
@@ -127,5 +128,5 @@ func copyFileSync(src, dst string) error {
 	if err := out.Close(); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dst))
+	return durable.SyncDir(filepath.Dir(dst))
 }

@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,79 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	bolt "go.etcd.io/bbolt"
+	"github.com/mqd/mqd/fsm"
 )
-
-// Backup is a consistent copy of the state machine: the whole bbolt file
-// as one read transaction saw it, at applied raft index Index.
-type Backup struct {
-	File  *os.File // positioned at the start; unlinked: closing it frees the space
-	Size  int64
-	Index uint64
-	Term  uint64
-}
-
-// ErrNotBackup: a restore was given a file that is not an mqd state
-// backup.
-var ErrNotBackup = errors.New("not an mqd backup")
-
-// Backup copies the state machine, as one bbolt read transaction sees it,
-// into an unlinked temporary file in the data dir, and returns it for the
-// caller to stream and close. The copy, not the transaction, is what a slow
-// client reads: a read transaction held open keeps bbolt from growing its
-// memory map, which would stall applies. The file needs the state's size
-// in free space; below --min-free-disk plus that it answers
-// ErrInsufficientStorage.
-func (n *Node) Backup() (*Backup, error) {
-	f := n.FSM
-	f.mu.RLock()
-	tx, err := f.db.Begin(false)
-	f.mu.RUnlock()
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	b := &Backup{Size: tx.Size()}
-	b.Index, b.Term = metaApplied(tx)
-	n.disk.refresh(time.Now())
-	if free, need := n.disk.free.Load(), n.disk.need.Load(); free < need+uint64(b.Size) {
-		return nil, fmt.Errorf("%w: a backup needs %d bytes, %d free and %d kept free (--min-free-disk)",
-			ErrInsufficientStorage, b.Size, free, need)
-	}
-	tmp, err := os.CreateTemp(n.cfg.DataDir, "backup-*.tmp")
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	// Unlinked at once: a crash leaves nothing behind.
-	if err := os.Remove(tmp.Name()); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if _, err := tx.WriteTo(tmp); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("backup copy: %w", err)
-	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	b.File = tmp
-	return b, nil
-}
-
-func metaApplied(tx *bolt.Tx) (index, term uint64) {
-	m := tx.Bucket(bktMeta)
-	if m == nil {
-		return 0, 0
-	}
-	if v := m.Get(keyApplied); len(v) == 8 {
-		index = binary.BigEndian.Uint64(v)
-	}
-	if v := m.Get(keyTerm); len(v) == 8 {
-		term = binary.BigEndian.Uint64(v)
-	}
-	return index, term
-}
 
 // restoredTerm is the raft term of the snapshot a restore installs: the
 // restored node is a new cluster whose terms start over, and a snapshot
@@ -136,7 +64,7 @@ func PrepareRestore(dataDir string, backup io.Reader, id, raftAddr string) (inde
 	if err := copyToFile(tmp, backup); err != nil {
 		return 0, err
 	}
-	index, err = prepareState(tmp)
+	index, err = fsm.PrepareState(tmp, restoredTerm)
 	if err != nil {
 		return 0, err
 	}
@@ -183,35 +111,16 @@ func copyToFile(name string, r io.Reader) error {
 	return nil
 }
 
-// prepareState checks that path is an mqd state file with an applied
-// index, drops the old cluster's node addresses, and sets the applied term
-// to the restored snapshot's. It returns the applied index.
-func prepareState(path string) (uint64, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
-	if err != nil {
-		return 0, fmt.Errorf("restore: %w: %w", ErrNotBackup, err)
-	}
-	defer db.Close()
-	var index uint64
-	err = db.Update(func(tx *bolt.Tx) error {
-		var term uint64
-		index, term = metaApplied(tx)
-		if index == 0 || term == 0 || tx.Bucket(bktNodes) == nil {
-			return fmt.Errorf("%w: no applied index or node bucket", ErrNotBackup)
+// Backup copies the state machine (fsm.FSM.Backup) into the data dir,
+// refused with ErrInsufficientStorage when the copy would leave less free
+// space than --min-free-disk.
+func (n *Node) Backup() (*fsm.Backup, error) {
+	return n.FSM.Backup(n.cfg.DataDir, func(size int64) error {
+		n.disk.refresh(time.Now())
+		if free, need := n.disk.free.Load(), n.disk.need.Load(); free < need+uint64(size) {
+			return fmt.Errorf("%w: a backup needs %d bytes, %d free and %d kept free (--min-free-disk)",
+				ErrInsufficientStorage, size, free, need)
 		}
-		if err := tx.DeleteBucket(bktNodes); err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucket(bktNodes); err != nil {
-			return err
-		}
-		return tx.Bucket(bktMeta).Put(keyTerm, binary.BigEndian.AppendUint64(nil, restoredTerm))
+		return nil
 	})
-	if err != nil {
-		return 0, fmt.Errorf("restore: %w", err)
-	}
-	if err := db.Sync(); err != nil {
-		return 0, fmt.Errorf("restore: %w", err)
-	}
-	return index, nil
 }

@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mqd/mqd/internal/durable"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -200,7 +201,7 @@ func setAside(path string) (string, error) {
 	if err := os.Rename(path, aside); err != nil {
 		return "", fmt.Errorf("set aside %s: %w", path, err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(path)); err != nil {
 		return "", fmt.Errorf("set aside %s: %w", path, err)
 	}
 	return aside, nil
@@ -219,10 +220,10 @@ func asideName(path, what string) string {
 	}
 }
 
-// recordRecovery counts a recovery decision (mqd_fsm_recoveries_total):
+// RecordRecovery counts a recovery decision (mqd_fsm_recoveries_total):
 // those made in OpenFSM, before the node's metrics exist, are kept until
 // OnRecovery is set.
-func (f *FSM) recordRecovery(reason string) {
+func (f *FSM) RecordRecovery(reason string) {
 	f.recMu.Lock()
 	defer f.recMu.Unlock()
 	if f.onRecovery == nil {
@@ -272,6 +273,6 @@ func (f *FSM) ResetEmpty(reason, why string) (aside string, err error) {
 	}
 	f.logger.Warn("state machine set aside: "+why+"; it starts empty and is rebuilt from the latest snapshot and the raft log, or the leader's snapshot",
 		"reason", reason, "set_aside_as", aside)
-	f.recordRecovery(reason)
+	f.RecordRecovery(reason)
 	return aside, nil
 }

@@ -2,86 +2,15 @@ package raftfsm
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
-	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/internal/refusal"
-	bolt "go.etcd.io/bbolt"
 )
-
-// The replicated state format says which records the state may hold. It
-// is part of the state (meta "state_format", written by OpSetFormat in the
-// same transaction as everything else, so snapshots carry it), and it only
-// rises: the leader raises it once every member of the cluster runs a
-// binary that reads the new format (raiseFormat), because a binary that
-// does not would misread the records, silently (a range lease record looks
-// like acked messages to a binary without range records).
-//
-//   - 1: every state written before the format existed (no meta key).
-//   - 2: leases of keyless messages may be kept as range records
-//     (group.UseSpans); a lease stops at LeaseMaxBytes; a publish looks
-//     a key up before it checks the message's size.
-//   - 3: a lease takes new messages starting at the partition after the
-//     last one the group's previous lease took one from (a group key,
-//     group.RotatePartitions), not at its raft index mod partitions;
-//     OpProcess (process.go) is applied, and keeps each call's outcome
-//     (group "po"/"pr" buckets, dedup kind 'o'); a publish counts the
-//     publishes answered as duplicates of a key in the key's index entry;
-//     an ack of a keyed message records with the processed key which
-//     message it was and its deliveries (group.TraceKeys). A binary
-//     before format 3 cannot decode OpProcess and would expire a kind 'o'
-//     entry as corrupt.
-//
-// A format's rules are fixed once a release writes it
-// (docs/ARCHITECTURE.md, State format).
-const (
-	// StateFormat is the highest format this binary reads and writes.
-	StateFormat = 3
-	// formatUnset is the format of a state without the meta key.
-	formatUnset = 1
-)
-
-var keyFormat = []byte("state_format")
-
-// storedFormat reads the state's format in tx.
-func storedFormat(tx *bolt.Tx) int {
-	if v := tx.Bucket(bktMeta).Get(keyFormat); len(v) == 8 {
-		return int(binary.BigEndian.Uint64(v))
-	}
-	return formatUnset
-}
-
-// errFormatTooNew: a committed OpSetFormat names a format this binary
-// cannot read. It is not a refusal: the rest of the cluster switched, and
-// a replica that went on in the old format would diverge from it, so the
-// node stops (as it does on an entry it cannot decode).
-var errFormatTooNew = errors.New("state format newer than this binary reads")
-
-// applySetFormat raises the state's format to c.Format; a lower or equal
-// one changes nothing (a retried raise is harmless). ev.format follows, so
-// that the commands after it in the same batch see the new format.
-func applySetFormat(tx *bolt.Tx, c *command.Command, ev *Events) error {
-	want := int(c.Format)
-	if want > StateFormat {
-		return fmt.Errorf("%w: format %d, this binary reads up to %d", errFormatTooNew, want, StateFormat)
-	}
-	if want <= ev.format {
-		return nil
-	}
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(want))
-	if err := tx.Bucket(bktMeta).Put(keyFormat, v[:]); err != nil {
-		return err
-	}
-	ev.format = want
-	return nil
-}
 
 // ErrFormatUnsupported refuses to add a node to a cluster whose state is
 // in a format the node's binary does not read (it would misread the
@@ -94,7 +23,7 @@ var ErrFormatUnsupported = refusal.New(409, "state_format_unsupported",
 // /v1/internal/status. Every binary reads format 1.
 func joinFormatCheck(cur int, info command.NodeInfo, st Status, err error) error {
 	switch {
-	case cur <= formatUnset:
+	case cur <= fsm.FormatUnset:
 		return nil
 	case err != nil:
 		return fmt.Errorf("%w: %s did not say which state formats it reads (%v)", ErrFormatUnsupported, info.ID, err)
@@ -111,7 +40,7 @@ func joinFormatCheck(cur int, info command.NodeInfo, st Status, err error) error
 // binary reads, unless the state is in format 1.
 func (n *Node) checkJoiner(ctx context.Context, info command.NodeInfo) error {
 	cur := n.FSM.StateFormat()
-	if cur <= formatUnset {
+	if cur <= fsm.FormatUnset {
 		return nil
 	}
 	client := n.peerClient(probeTimeout)
@@ -119,21 +48,6 @@ func (n *Node) checkJoiner(ctx context.Context, info command.NodeInfo) error {
 	st, err := n.getStatus(ctx, client, info.HTTPAddr)
 	return joinFormatCheck(cur, info, st, err)
 }
-
-// LeaseMaxBytes bounds a lease (a fetch's answer) from state format 2: it
-// stops adding messages once their stored records hold this many bytes,
-// so a fetch of up to 1000 messages of up to 16 MiB cannot make the
-// leader copy and encode gigabytes for one answer. The first message is
-// leased whatever its size.
-const LeaseMaxBytes = 8 << 20
-
-// useSpans switches a group to range lease records; a variable so that
-// tests see which leases were applied with it.
-var useSpans = (*group.Group).UseSpans
-
-// StateFormat is the replicated state's format as of the last applied
-// batch (or open, or restore).
-func (f *FSM) StateFormat() int { return int(f.format.Load()) }
 
 // formatProbe is what the leader needs of a member's latest probe.
 type formatProbe struct {
@@ -178,7 +92,7 @@ func (n *Node) formatProbes(now time.Time) map[string]formatProbe {
 // older binary started on a member's data dir, which misreads the state.
 // Every binary reads format 1, whatever it reports.
 func formatLagging(cur int, self string, members []raft.Server, probes map[string]formatProbe) []string {
-	if cur <= formatUnset {
+	if cur <= fsm.FormatUnset {
 		return nil
 	}
 	var out []string
@@ -216,14 +130,14 @@ func (n *Node) checkFormat(ctx context.Context, warned map[string]bool) {
 				"member", id, "reads_up_to", probes[id].max, "state_format", cur)
 		}
 	}
-	if !formatRaise(cur, StateFormat, n.cfg.ID, servers, probes) {
+	if !formatRaise(cur, fsm.StateFormat, n.cfg.ID, servers, probes) {
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := n.Apply(actx, &command.Command{Op: command.OpSetFormat, Now: Now().UnixMilli(), Format: StateFormat}); err != nil {
-		n.logger.Warn("propose state format", "format", StateFormat, "err", err)
+	if _, err := n.Apply(actx, &command.Command{Op: command.OpSetFormat, Now: Now().UnixMilli(), Format: fsm.StateFormat}); err != nil {
+		n.logger.Warn("propose state format", "format", fsm.StateFormat, "err", err)
 		return
 	}
-	n.logger.Info("state format raised", "from", cur, "to", StateFormat, "members", len(servers))
+	n.logger.Info("state format raised", "from", cur, "to", fsm.StateFormat, "members", len(servers))
 }

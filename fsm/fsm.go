@@ -1,4 +1,4 @@
-package raftfsm
+package fsm
 
 import (
 	"encoding/binary"
@@ -17,6 +17,7 @@ import (
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dedup"
 	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/internal/durable"
 	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -52,7 +53,7 @@ type Events struct {
 	// Touched: topics a command of the batch named (repeats possible).
 	Touched []string
 	// leaseMsgs: leases put their messages into the result, as someone
-	// on this node waits for a lease (FSM.awaitLease).
+	// on this node waits for a lease (FSM.AwaitLease).
 	leaseMsgs bool
 	// format is the state's format (format.go), read from the batch's
 	// transaction and raised by an OpSetFormat in it: every replica
@@ -91,6 +92,27 @@ var (
 	keyNow     = []byte("now") // the latest applied command's time (clock.go)
 )
 
+// Hooks are the callbacks the node sets on an FSM before raft applies
+// anything, each called after a batch commits (on raft's FSM goroutine).
+// Any of them may be nil.
+type Hooks struct {
+	// Schedule is called after each batch commits with the due
+	// times the batch created.
+	Schedule func(timers []group.Timer)
+	// ReplayQueued is called after each batch commits with the
+	// groups whose replay queue it changed (the leader paces only those).
+	ReplayQueued func([]TopicGroup)
+	// TopicsTouched is called after each batch commits with the
+	// topics its commands named (the leader checks only those, and topics
+	// with time-based retention, for trimming).
+	TopicsTouched func([]string)
+	// Tally is called after each batch commits with what happened
+	// to messages in it (nacks, expired leases, dead letters, replays),
+	// except for batches at or below TallyFrom: entries this node had
+	// already applied before it restarted and now replays.
+	Tally func(map[TopicGroup]*group.Tally)
+}
+
 // FSM is the state machine over a bbolt database. Every applied batch is
 // one bbolt transaction that also records the last applied raft index and
 // term, so the file is opened as it is at start and raft replays only the
@@ -103,21 +125,9 @@ type FSM struct {
 	// the topics that gained deliverable messages. Raft's FSM goroutine reads
 	// it from the start, so it is an atomic, never a plain field.
 	notify atomic.Pointer[func(topics map[string]struct{})]
-	// Schedule, if set, is called after each batch commits with the due
-	// times the batch created.
-	Schedule func(timers []group.Timer)
-	// ReplayQueued, if set, is called after each batch commits with the
-	// groups whose replay queue it changed (the leader paces only those).
-	ReplayQueued func([]TopicGroup)
-	// TopicsTouched, if set, is called after each batch commits with the
-	// topics its commands named (the leader checks only those, and topics
-	// with time-based retention, for trimming).
-	TopicsTouched func([]string)
-	// Tally, if set, is called after each batch commits with what happened
-	// to messages in it (nacks, expired leases, dead letters, replays),
-	// except for batches at or below TallyFrom: entries this node had
-	// already applied before it restarted and now replays.
-	Tally     func(map[TopicGroup]*group.Tally)
+	// Hooks are what the node sets to follow applied batches.
+	Hooks
+	// TallyFrom: Tally is not called for batches at or below it.
 	TallyFrom atomic.Uint64
 
 	mu sync.RWMutex // guards db against Restore's swap
@@ -173,10 +183,10 @@ type FSM struct {
 	leaseWaiters atomic.Int64
 }
 
-// awaitLease registers a proposer of a lease until the returned function
+// AwaitLease registers a proposer of a lease until the returned function
 // is called, after its result arrived: every batch applied meanwhile
 // copies the leased messages into the lease results.
-func (f *FSM) awaitLease() (done func()) {
+func (f *FSM) AwaitLease() (done func()) {
 	f.leaseWaiters.Add(1)
 	return func() { f.leaseWaiters.Add(-1) }
 }
@@ -295,7 +305,9 @@ func (f *FSM) storedApplied() (index, term uint64) {
 // nobody, which is right, as nobody could wait before it was set.
 func (f *FSM) OnNotify(fn func(topics map[string]struct{})) { f.notify.Store(&fn) }
 
-func (f *FSM) wake(topics map[string]struct{}) {
+// Wake calls the OnNotify function with topics that gained deliverable
+// messages outside an applied batch (the leader's timers).
+func (f *FSM) Wake(topics map[string]struct{}) {
 	if fn := f.notify.Load(); fn != nil {
 		(*fn)(topics)
 	}
@@ -462,7 +474,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		f.nodesGen.Add(1)
 	}
 	if len(ev.Topics) > 0 {
-		f.wake(ev.Topics)
+		f.Wake(ev.Topics)
 	}
 	if len(ev.Timers) > 0 && f.Schedule != nil {
 		f.Schedule(ev.Timers)
@@ -645,7 +657,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := os.Rename(tmp, f.path); err != nil {
 		return fmt.Errorf("restore rename: %w", err)
 	}
-	if err := syncDir(filepath.Dir(f.path)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	db, err := openDB(f.path)
@@ -673,7 +685,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			}
 			return nil
 		})
-		f.wake(all)
+		f.Wake(all)
 	}
 	return nil
 }
