@@ -67,7 +67,7 @@ func (s *Server) browse(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w: offset needs partition (an offset is a position in one partition)", ErrBadRequest)
 	}
 	var pg *fsm.BrowsePage
-	err = s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		pg, err = rd.Browse(r.topic, uint32(part), off, int(limit), browseMaxBytes, only)
 		return err

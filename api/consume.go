@@ -129,7 +129,7 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]group.Delivery, e
 	now := nowMs()
 	var ackTimeoutMs int64
 	needed := false
-	err := s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		cfg, err := rd.TopicConfig(r.topic)
 		if err != nil {
 			return err
@@ -151,7 +151,7 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]group.Delivery, e
 	if err != nil {
 		return nil, err
 	}
-	return s.node.FSM.FillLeased(r.topic, res.Deliveries)
+	return s.state.FillLeased(r.topic, res.Deliveries)
 }
 
 var fetchBufs = sync.Pool{New: func() any { return new([]byte) }}

@@ -123,7 +123,7 @@ func (s *Server) listDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w: idempotency_key over %d bytes", ErrBadRequest, maxKeyLen)
 	}
 	var letters []*dlq.Letter
-	err = s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		// One more than the page: next_after only when there is a next.
 		letters, err = rd.DeadLetters(r.topic, r.group, after, int(limit)+1, key)
@@ -203,7 +203,7 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 // (errors: the topic or group does not exist).
 func (s *Server) noDeadLetters(r *route) (bool, error) {
 	var n int
-	err := s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		letters, err := rd.DeadLetters(r.topic, r.group, 0, 1, "")
 		n = len(letters)
 		return err

@@ -55,7 +55,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	if err != nil {
 		return err
 	}
-	infos := s.node.FSM.Nodes()
+	infos := s.state.Nodes()
 	lid, _, known := s.node.Leader()
 	if known && lid != s.node.ID() && s.node.Peer(lid).State == "unreachable" {
 		known = false
@@ -70,9 +70,9 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		StateFormat       int               `json:"state_format"`
 		Resources         raftfsm.Resources `json:"resources"`
 		Alarms            []string          `json:"alarms"`
-	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.node.FSM.AppliedIndex(),
-		CommitIndex: s.node.Raft.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
-		StateFormat: s.node.FSM.StateFormat(), Resources: s.node.Resources()}
+	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.state.AppliedIndex(),
+		CommitIndex: s.node.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
+		StateFormat: s.state.StateFormat(), Resources: s.node.Resources()}
 	out.Alarms = alarms(out.Resources)
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]

@@ -68,8 +68,8 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	if s.node.FSM.StateFormat() < fsm.ProcessFormat {
-		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.node.FSM.StateFormat())
+	if s.state.StateFormat() < fsm.ProcessFormat {
+		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.state.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
 	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, fsm.ErrStaleReceipt) {

@@ -146,7 +146,7 @@ func (s *Server) repeatsStored(topic string, cfg mlog.Config, m pubMsg, prod pro
 		return false
 	}
 	var ok bool
-	_ = s.node.FSM.Read(func(r *fsm.Reader) error {
+	_ = s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		ok, err = r.Stored(topic, key, prod.id, prod.seq+uint64(i), nowMs())
 		return err

@@ -56,7 +56,8 @@ type Options struct {
 
 // Server serves mqd's HTTP API for one node.
 type Server struct {
-	node       *raftfsm.Node
+	node       Node
+	state      State
 	opts       Options
 	limits     *limiters
 	logger     *slog.Logger
@@ -75,9 +76,14 @@ type Server struct {
 	loud       loudLimiter      // spaces out 5xx warnings (requestlog.go)
 }
 
-// New builds a server for node.
+// New builds a server for node and the state machine it replicates.
 func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
-	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
+	return newServer(node, node.FSM, logger, opts)
+}
+
+// newServer builds a server on any Node and State (an in-process test's).
+func newServer(node Node, state State, logger *slog.Logger, opts Options) *Server {
+	s := &Server{node: node, state: state, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
 		connLimits: opts.Limits.withDefaults()}
 	s.conns = newConnLimiter(s.connLimits, logger)
 	s.budget = newBodyBudget(s.connLimits.BodyBudget)
@@ -90,7 +96,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
-	node.FSM.OnNotify(s.waiters.wake)
+	state.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
 		// The leader routes the path as the client sent it (routes.go:
 		// match); normalized here, "dlq/..%2F..%2F..%2Fx" would reach it

@@ -157,7 +157,7 @@ func (s *Server) stateRows() *stateRows {
 	tallies := s.node.GroupTallies()
 	rows := &stateRows{}
 	var upTo uint64
-	err := s.node.FSM.Read(func(r *fsm.Reader) error {
+	err := s.state.Read(func(r *fsm.Reader) error {
 		upTo = r.AppliedIndex()
 		r.EachTopicGauges(nowMs(), func(t *fsm.TopicGauges) {
 			rows.topics = append(rows.topics, topicRow{name: t.Name, messages: t.Messages, bytes: t.Bytes})

@@ -92,7 +92,7 @@ func (s *Server) getTopic(ctx *fasthttp.RequestCtx, r *route) error {
 
 func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) error {
 	var st *fsm.TopicStats
-	err := s.node.FSM.Read(func(r *fsm.Reader) error {
+	err := s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		st, err = r.TopicStats(topic, nowMs())
 		return err
@@ -143,7 +143,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	out := []*topicStats{}
 	next := ""
 	now := nowMs()
-	err = s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		rd.EachTopicAfter(after, func(t string) bool {
 			if !r.sees(t) {

@@ -33,7 +33,7 @@ func (s *Server) traceKey(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	var t *fsm.KeyTrace
-	err := s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		t, err = rd.TraceKey(r.topic, r.key, nowMs())
 		return err
@@ -92,7 +92,7 @@ func (s *Server) reconcile(ctx *fasthttp.RequestCtx, r *route) error {
 		}
 	}
 	var rec *fsm.Reconciliation
-	err := s.node.FSM.Read(func(rd *fsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		rec, err = rd.Reconcile(r.topic, b.Keys, name, nowMs())
 		return err

@@ -569,3 +569,6 @@ func (n *Node) LastSnapshotIndex() uint64 {
 	fmt.Sscan(n.Raft.Stats()["last_snapshot_index"], &idx)
 	return idx
 }
+
+// CommitIndex is the highest log index this node knows committed.
+func (n *Node) CommitIndex() uint64 { return n.Raft.CommitIndex() }
