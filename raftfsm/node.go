@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/housekeep"
 	"github.com/mqd/mqd/internal/durable"
 	"github.com/mqd/mqd/tlsconf"
 )
@@ -107,9 +108,8 @@ type Node struct {
 	logger     *slog.Logger
 	batch      *batcher
 	sched      *scheduler
-	replays    *workSet[fsm.TopicGroup] // groups with a replay queued
-	trims      *workSet[string]         // topics that may need trimming
-	serving    atomic.Bool              // leader with its FSM caught up (after the term's barrier)
+	keep       *housekeep.Keeper // the leader's housekeeping (lease sweeps, trims, dedup expiry, replays)
+	serving    atomic.Bool       // leader with its FSM caught up (after the term's barrier)
 	snaps      *raft.FileSnapshotStore
 	metrics    *nodeMetrics
 	observed   chan raft.Observation
@@ -195,8 +195,8 @@ func Open(cfg Config) (*Node, error) {
 	n.metrics.applied = sm.AppliedIndex
 	sm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
-	n.replays, n.trims = &workSet[fsm.TopicGroup]{}, &workSet[string]{}
-	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
+	n.keep = housekeep.New(leaderGroup{n}, cfg.ID, Now, n.logger)
+	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.keep.ReplayQueued, n.keep.TopicsTouched
 	if n.stores.kind == LogStoreWAL {
 		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
 	}

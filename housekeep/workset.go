@@ -1,4 +1,4 @@
-package raftfsm
+package housekeep
 
 import (
 	"sync"
@@ -67,7 +67,7 @@ func (p *workSet[K]) remove(k K) {
 }
 
 // queuedReplays lists the groups with dead letters queued for replay.
-func queuedReplays(f *fsm.FSM) ([]fsm.TopicGroup, error) {
+func queuedReplays(f Group) ([]fsm.TopicGroup, error) {
 	var found []fsm.TopicGroup
 	err := f.View(func(tx *bolt.Tx) error {
 		for _, t := range mlog.Topics(tx) {
@@ -91,7 +91,7 @@ func queuedReplays(f *fsm.FSM) ([]fsm.TopicGroup, error) {
 }
 
 // allTopics lists every topic: a new leader checks each once for trimming.
-func allTopics(f *fsm.FSM) ([]string, error) {
+func allTopics(f Group) ([]string, error) {
 	var out []string
 	err := f.View(func(tx *bolt.Tx) error {
 		out = mlog.Topics(tx)
