@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/internal/refusal"
+	"github.com/mqd/mqd/replica"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -340,7 +341,7 @@ func checkStartSpace(dir, logStore string) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	need := uint64(startSlack)
-	if logStore == LogStoreWAL {
+	if logStore == replica.LogStoreWAL {
 		need += uint64(walSegmentFor(total))
 	}
 	if free < need {

@@ -196,7 +196,7 @@ func (n *Node) checkLostAtOpen(applied, term uint64, snaps raft.SnapshotStore) e
 	if applied == 0 {
 		return nil
 	}
-	last, err := n.stores.log.LastIndex()
+	last, err := n.stores.Log.LastIndex()
 	if err != nil {
 		return fmt.Errorf("raft log store: %w", err)
 	}
@@ -252,7 +252,7 @@ func (n *Node) caughtUpPastLost() string {
 		return ""
 	}
 	var l raft.Log
-	err := n.stores.log.GetLog(m.Index, &l)
+	err := n.stores.Log.GetLog(m.Index, &l)
 	switch {
 	case err == nil && l.Term == m.Term:
 		return fmt.Sprintf("the log holds index %d at term %d, as the state applied it", m.Index, m.Term)

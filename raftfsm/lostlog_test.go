@@ -13,6 +13,7 @@ import (
 
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/replica"
 )
 
 // lostHarness is a node's FSM (at index 5, term 2), log store (raft's
@@ -45,7 +46,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 		t.Fatal(err)
 	}
 	n := &Node{FSM: f, snaps: snaps, lost: lost, logger: slog.New(slog.DiscardHandler),
-		stores: &raftStores{log: store}}
+		stores: &replica.Stores{Log: store}}
 	return n, dir
 }
 
@@ -98,7 +99,7 @@ func TestLostEntriesNotAtOpenWhenLogHoldsThem(t *testing.T) {
 // index is done.
 func TestGuardedLogRefusesClearingApplied(t *testing.T) {
 	n, dir := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	if err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 2}, {Index: 5, Term: 2}, {Index: 6, Term: 2}, {Index: 7, Term: 2}}); err != nil {
 		t.Fatalf("storing the applied entries at their own term: %v", err)
 	}
@@ -129,7 +130,7 @@ func TestGuardedLogRefusesClearingApplied(t *testing.T) {
 // another history); entries below it pass (they are checked by that one).
 func TestGuardedLogRefusesOtherTermAtApplied(t *testing.T) {
 	n, _ := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 3}, {Index: 5, Term: 3}})
 	if !errors.Is(err, errLostEntries) {
 		t.Fatalf("storing term 3 at the applied index 5 (applied at term 2): %v", err)
@@ -156,7 +157,7 @@ func TestGuardedLogAllowsCompaction(t *testing.T) {
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	if err := g.DeleteRange(1, 3); err != nil {
 		t.Fatalf("compaction: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/housekeep"
 	"github.com/mqd/mqd/internal/durable"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 )
 
@@ -74,10 +75,10 @@ func (c *Config) Validate() error {
 	}
 	switch c.RaftLog {
 	case "":
-		c.RaftLog = LogStoreWAL
-	case LogStoreWAL, LogStoreBolt:
+		c.RaftLog = replica.LogStoreWAL
+	case replica.LogStoreWAL, replica.LogStoreBolt:
 	default:
-		return fmt.Errorf("raft log store %q: want %s or %s", c.RaftLog, LogStoreWAL, LogStoreBolt)
+		return fmt.Errorf("raft log store %q: want %s or %s", c.RaftLog, replica.LogStoreWAL, replica.LogStoreBolt)
 	}
 	return nil
 }
@@ -87,8 +88,8 @@ type Node struct {
 	cfg        Config
 	Raft       *raft.Raft
 	FSM        *fsm.FSM
-	trans      *voteGate // raft's TCP transport, kept out of elections while lost is restricted
-	stores     *raftStores
+	trans      *replica.VoteGate // raft's TCP transport, kept out of elections while lost is restricted
+	stores     *replica.Stores
 	lost       *lostGuard // lostlog.go
 	dirLock    *dirLock   // held from Open to Shutdown
 	disk       *diskGuard
@@ -122,7 +123,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	_, existing, err := detectLogStore(cfg.DataDir)
+	_, existing, err := replica.DetectLogStore(cfg.DataDir)
 	if err != nil || !existing {
 		if err == nil {
 			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
@@ -156,8 +157,8 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.batch = newBatcher(n)
-	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
-	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
+	hlog := replica.NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
+	n.stores, err = replica.OpenStores(cfg.DataDir, cfg.RaftLog, walSegmentSize(cfg.DataDir), cfg.Logger, hlog)
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -177,7 +178,7 @@ func Open(cfg Config) (*Node, error) {
 	// What the log and snapshots can bring the state back to: OpenFSM
 	// keeps a copy of a live tree that is ahead of it before it rolls the
 	// file back to its checkpoint (evidence.go).
-	backed, err := fsm.LogBacks(n.stores.log, snaps)
+	backed, err := fsm.LogBacks(n.stores.Log, snaps)
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -197,13 +198,13 @@ func Open(cfg Config) (*Node, error) {
 	n.sched = newScheduler(n)
 	n.keep = housekeep.New(leaderGroup{n}, cfg.ID, Now, n.logger)
 	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.keep.ReplayQueued, n.keep.TopicsTouched
-	if n.stores.kind == LogStoreWAL {
+	if n.stores.Kind == replica.LogStoreWAL {
 		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
 	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again. A state machine opened as it
 	// was skips what it holds, and applies (and counts) only what is newer.
-	last, err := n.stores.log.LastIndex()
+	last, err := n.stores.Log.LastIndex()
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
@@ -217,7 +218,7 @@ func Open(cfg Config) (*Node, error) {
 	// the cache only serves replication of the newest entries.
 	// Raft writes the log through guardedLog, which refuses to replace
 	// entries the state applied (guardlog.go).
-	logs, err := raft.NewLogCache(64, guardedLog{LogStore: n.stores.log, n: n})
+	logs, err := raft.NewLogCache(64, guardedLog{LogStore: n.stores.Log, n: n})
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -244,7 +245,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}
-	n.trans = newVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
+	n.trans = replica.NewVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog
@@ -261,7 +262,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.HeartbeatTimeout = 1500 * time.Millisecond
 	rc.ElectionTimeout = 1500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
-	n.hadState, err = raft.HasExistingState(logs, n.stores.stable, snaps)
+	n.hadState, err = raft.HasExistingState(logs, n.stores.Stable, snaps)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -274,7 +275,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	installRaftSink()
-	n.Raft, err = raft.NewRaft(rc, sm, logs, n.stores.stable, snaps, n.trans)
+	n.Raft, err = raft.NewRaft(rc, sm, logs, n.stores.Stable, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -303,7 +304,7 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 	}
 	if len(list) > 0 && n.FSM.AppliedIndex() < list[0].Index {
 		// raft restores one: set aside those that fail their CRC first.
-		if err := n.setAsideBadSnapshots(snaps); err != nil {
+		if err := replica.SetAsideBadSnapshots(n.cfg.DataDir, snaps, n.logger, n.FSM.RecordRecovery); err != nil {
 			return false, err
 		}
 		if list, err = snaps.List(); err != nil {
@@ -327,7 +328,7 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 // reaches back to where the raft log starts: raft would fail on the first
 // entry it cannot read. The node then says what to do rather than panic.
 func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
-	first, err := n.stores.log.FirstIndex()
+	first, err := n.stores.Log.FirstIndex()
 	if err != nil || first <= 1 {
 		return err
 	}
@@ -345,7 +346,7 @@ func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
 
 // syncDataDirs fsyncs the data dir, wal/ and the snapshot directories.
 func syncDataDirs(dataDir string) error {
-	if err := syncSnapshotDirs(dataDir); err != nil {
+	if err := replica.SyncSnapshotDirs(dataDir); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "wal")); err == nil {

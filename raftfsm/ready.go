@@ -157,7 +157,7 @@ func (n *Node) appliedTo(commit, inState uint64) bool {
 	}
 	var l raft.Log
 	for i := inState + 1; i <= commit; i++ {
-		if err := n.stores.log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+		if err := n.stores.Log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
 			return false
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/replica"
 )
 
 // A node whose latest entries are not commands (barriers, as each new
@@ -15,7 +16,7 @@ import (
 // or whose log before them was compacted into a snapshot, has applied
 // everything committed: it is ready without waiting for the next write.
 func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
-	for _, store := range []string{LogStoreWAL, LogStoreBolt} {
+	for _, store := range []string{replica.LogStoreWAL, replica.LogStoreBolt} {
 		t.Run(store, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -46,7 +47,7 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 			if err := n.Raft.Snapshot().Error(); err != nil {
 				t.Fatalf("snapshot: %v", err)
 			}
-			if first, err := n.stores.log.FirstIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
+			if first, err := n.stores.Log.FirstIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
 				t.Fatalf("log not compacted past the FSM's last command: first index %d (%v), FSM applied %d", first, err, n.FSM.AppliedIndex())
 			}
 			ready("after a snapshot over the FSM's last command")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/replica"
 )
 
 // When to snapshot. A snapshot copies the whole FSM — every retained
@@ -59,7 +60,7 @@ func (n *Node) snapshotLoop(ctx context.Context) {
 		case err != nil:
 			n.logger.Warn("snapshot failed", "err", err)
 		default:
-			if err := syncSnapshotDirs(n.cfg.DataDir); err != nil {
+			if err := replica.SyncSnapshotDirs(n.cfg.DataDir); err != nil {
 				n.logger.Warn("fsync of the snapshot directories", "err", err)
 			}
 			n.metrics.snapshots.Inc()

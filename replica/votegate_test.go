@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"bytes"
@@ -14,8 +14,8 @@ import (
 )
 
 // gatePair is two raft TCP transports on 127.0.0.1, the second behind a
-// voteGate whose restriction the test sets.
-func gatePair(t *testing.T) (a *raft.NetworkTransport, b *voteGate, restricted, diverged *atomic.Bool) {
+// VoteGate whose restriction the test sets.
+func gatePair(t *testing.T) (a *raft.NetworkTransport, b *VoteGate, restricted, diverged *atomic.Bool) {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Output: io.Discard})
 	a, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 2, 5*time.Second, logger)
@@ -28,7 +28,7 @@ func gatePair(t *testing.T) (a *raft.NetworkTransport, b *voteGate, restricted, 
 		t.Fatal(err)
 	}
 	restricted, diverged = &atomic.Bool{}, &atomic.Bool{}
-	b = newVoteGate(inner, "b", restricted.Load, diverged.Load, slog.New(slog.DiscardHandler))
+	b = NewVoteGate(inner, "b", restricted.Load, diverged.Load, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { b.Close() })
 	return a, b, restricted, diverged
 }

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -52,10 +53,11 @@ func snapshotIntact(dir, id string) (bool, string) {
 	return true, ""
 }
 
-// setAsideBadSnapshots checks the snapshots the store lists, newest first,
-// until one is intact, moving those that are not to snapshots.damaged/.
-func (n *Node) setAsideBadSnapshots(store raft.SnapshotStore) error {
-	dir := snapshotStoreDir(n.cfg.DataDir)
+// SetAsideBadSnapshots checks the snapshots the store in dataDir lists,
+// newest first, until one is intact, moving those that are not to
+// snapshots.damaged/; recovered is told of each one moved.
+func SetAsideBadSnapshots(dataDir string, store raft.SnapshotStore, logger *slog.Logger, recovered func(reason string)) error {
+	dir := snapshotStoreDir(dataDir)
 	list, err := store.List()
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
@@ -65,13 +67,13 @@ func (n *Node) setAsideBadSnapshots(store raft.SnapshotStore) error {
 		if ok {
 			return nil
 		}
-		aside, err := moveSnapshotAside(n.cfg.DataDir, m.ID)
+		aside, err := moveSnapshotAside(dataDir, m.ID)
 		if err != nil {
 			return err
 		}
-		n.logger.Error("snapshot damaged: "+why+"; it was moved aside, raft restores an older one or replays the log (or gets the leader's)",
+		logger.Error("snapshot damaged: "+why+"; it was moved aside, raft restores an older one or replays the log (or gets the leader's)",
 			"snapshot", m.ID, "snapshot_index", m.Index, "set_aside_as", aside)
-		n.FSM.RecordRecovery("snapshot_crc")
+		recovered("snapshot_crc")
 	}
 	return nil
 }
@@ -94,11 +96,11 @@ func moveSnapshotAside(dataDir, id string) (string, error) {
 	return aside, nil
 }
 
-// syncSnapshotDirs fsyncs the snapshot store's directory and each
+// SyncSnapshotDirs fsyncs the snapshot store's directory and each
 // snapshot's own: raft's store fsyncs state.bin, meta.json and the parent
 // after renaming a finished snapshot into place, but not the snapshot's
 // directory, whose entries name those two files.
-func syncSnapshotDirs(dataDir string) error {
+func SyncSnapshotDirs(dataDir string) error {
 	dir := snapshotStoreDir(dataDir)
 	ents, err := os.ReadDir(dir)
 	if err != nil {

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"context"
@@ -88,8 +88,8 @@ type repeat struct {
 	suppressed int
 }
 
-// newHclog returns an hclog.Logger writing to l.
-func newHclog(l *slog.Logger, name string) hclog.Logger {
+// NewHclog returns an hclog.Logger writing to l.
+func NewHclog(l *slog.Logger, name string) hclog.Logger {
 	return &hclogAdapter{l: l, name: name, rep: &repeats{seen: map[string]*repeat{}, now: time.Now}}
 }
 

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 func TestHclogAdapter(t *testing.T) {
 	var buf bytes.Buffer
 	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a := newHclog(l, "raft").(*hclogAdapter)
+	a := NewHclog(l, "raft").(*hclogAdapter)
 	now := time.Unix(1000, 0)
 	a.rep.now = func() time.Time { return now }
 

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"errors"
@@ -11,15 +11,15 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// gatedTransport is what voteGate wraps: raft's TCP transport, with
+// GatedTransport is what VoteGate wraps: raft's TCP transport, with
 // pre-vote and Close.
-type gatedTransport interface {
+type GatedTransport interface {
 	raft.Transport
 	raft.WithPreVote
 	raft.WithClose
 }
 
-// voteGate is raft's transport as raft sees it. While restricted() holds
+// VoteGate is raft's transport as raft sees it. While restricted() holds
 // (this node lost log entries it applied, lostlog.go) it keeps the node out
 // of elections, both ways:
 //
@@ -43,8 +43,8 @@ type gatedTransport interface {
 // InstallSnapshot too: installing it would replace the one state that still
 // holds the entries the cluster lost, which an operator may want back. Every RPC passes through one
 // forwarding goroutine (one more channel hop than raft's own consumer).
-type voteGate struct {
-	gatedTransport
+type VoteGate struct {
+	GatedTransport
 	restricted func() bool
 	diverged   func() bool
 	logger     *slog.Logger
@@ -62,8 +62,8 @@ var errDiverged = errors.New("refused: this node's state differs from the cluste
 // errNotVoting answers TimeoutNow while restricted.
 var errNotVoting = errors.New("not standing for election: this node lost raft log entries it had applied and has not caught up (see its /readyz)")
 
-func newVoteGate(inner gatedTransport, id raft.ServerID, restricted, diverged func() bool, logger *slog.Logger) *voteGate {
-	g := &voteGate{gatedTransport: inner, restricted: restricted, diverged: diverged, logger: logger, id: id,
+func NewVoteGate(inner GatedTransport, id raft.ServerID, restricted, diverged func() bool, logger *slog.Logger) *VoteGate {
+	g := &VoteGate{GatedTransport: inner, restricted: restricted, diverged: diverged, logger: logger, id: id,
 		ch: make(chan raft.RPC), done: make(chan struct{})}
 	g.wg.Add(1)
 	go g.forward()
@@ -71,11 +71,11 @@ func newVoteGate(inner gatedTransport, id raft.ServerID, restricted, diverged fu
 }
 
 // Consumer is the channel raft reads incoming RPCs from.
-func (g *voteGate) Consumer() <-chan raft.RPC { return g.ch }
+func (g *VoteGate) Consumer() <-chan raft.RPC { return g.ch }
 
-func (g *voteGate) forward() {
+func (g *VoteGate) forward() {
 	defer g.wg.Done()
-	in := g.gatedTransport.Consumer()
+	in := g.GatedTransport.Consumer()
 	for {
 		select {
 		case <-g.done:
@@ -95,7 +95,7 @@ func (g *voteGate) forward() {
 }
 
 // refuse answers a vote request or TimeoutNow itself; false for any other RPC.
-func (g *voteGate) refuse(rpc raft.RPC) bool {
+func (g *VoteGate) refuse(rpc raft.RPC) bool {
 	switch req := rpc.Command.(type) {
 	case *raft.RequestVoteRequest:
 		g.logRefusal("vote", req.ID, req.Term)
@@ -121,13 +121,13 @@ func (g *voteGate) refuse(rpc raft.RPC) bool {
 	return true
 }
 
-func (g *voteGate) header() raft.RPCHeader {
+func (g *VoteGate) header() raft.RPCHeader {
 	return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(g.id),
 		Addr: g.EncodePeer(g.id, g.LocalAddr())}
 }
 
 // logRefusal logs a refused request, at most one line per 10 s.
-func (g *voteGate) logRefusal(what string, from []byte, term uint64) {
+func (g *VoteGate) logRefusal(what string, from []byte, term uint64) {
 	now := time.Now().UnixNano()
 	if last := g.lastLog.Load(); now-last < int64(10*time.Second) || !g.lastLog.CompareAndSwap(last, now) {
 		return
@@ -137,35 +137,35 @@ func (g *voteGate) logRefusal(what string, from []byte, term uint64) {
 }
 
 // RequestVote sends this node's vote request, unless restricted.
-func (g *voteGate) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+func (g *VoteGate) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
 	if g.restricted() {
 		*resp = raft.RequestVoteResponse{RPCHeader: args.RPCHeader, Term: args.Term}
 		return nil
 	}
-	return g.gatedTransport.RequestVote(id, target, args, resp)
+	return g.GatedTransport.RequestVote(id, target, args, resp)
 }
 
 // RequestPreVote sends this node's pre-vote request, unless restricted.
-func (g *voteGate) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+func (g *VoteGate) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
 	if g.restricted() {
 		*resp = raft.RequestPreVoteResponse{RPCHeader: args.RPCHeader, Term: args.Term}
 		return nil
 	}
-	return g.gatedTransport.RequestPreVote(id, target, args, resp)
+	return g.GatedTransport.RequestPreVote(id, target, args, resp)
 }
 
 // TimeoutNow asks a peer to stand for election now, unless restricted.
-func (g *voteGate) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+func (g *VoteGate) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
 	if g.restricted() {
 		return errNotVoting
 	}
-	return g.gatedTransport.TimeoutNow(id, target, args, resp)
+	return g.GatedTransport.TimeoutNow(id, target, args, resp)
 }
 
 // Close stops the forwarding goroutine and closes the transport.
-func (g *voteGate) Close() error {
+func (g *VoteGate) Close() error {
 	g.closeOnce.Do(func() { close(g.done) })
-	err := g.gatedTransport.Close()
+	err := g.GatedTransport.Close()
 	g.wg.Wait()
 	return err
 }

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"errors"
@@ -15,20 +15,25 @@ import (
 
 // A data dir keeps the raft log store it was created with, whatever is
 // asked for later, and its entries are read back from that store.
+
+// testSegment is raft-wal's default segment size, what a data dir on a
+// filesystem of 1 GiB or more gets (raftfsm sizes them to the volume).
+const testSegment = 64 << 20
+
 func TestRaftStoresKeepTheirKind(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	hlog := hclog.NewNullLogger()
 	for _, created := range []string{LogStoreWAL, LogStoreBolt} {
 		t.Run(created, func(t *testing.T) {
 			dir := t.TempDir()
-			s, err := openRaftStores(dir, created, logger, hlog)
+			s, err := OpenStores(dir, created, testSegment, logger, hlog)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.kind != created {
-				t.Fatalf("new data dir: kind %q, want %q", s.kind, created)
+			if s.Kind != created {
+				t.Fatalf("new data dir: kind %q, want %q", s.Kind, created)
 			}
-			if err := s.log.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand, Data: []byte("x")}}); err != nil {
+			if err := s.Log.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand, Data: []byte("x")}}); err != nil {
 				t.Fatal(err)
 			}
 			s.Close()
@@ -40,16 +45,16 @@ func TestRaftStoresKeepTheirKind(t *testing.T) {
 			if created == LogStoreWAL {
 				other = LogStoreBolt
 			}
-			s, err = openRaftStores(dir, other, logger, hlog)
+			s, err = OpenStores(dir, other, testSegment, logger, hlog)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if s.kind != created {
-				t.Fatalf("reopened asking for %s: kind %q, want %q (the store it was created with)", other, s.kind, created)
+			if s.Kind != created {
+				t.Fatalf("reopened asking for %s: kind %q, want %q (the store it was created with)", other, s.Kind, created)
 			}
 			var l raft.Log
-			if err := s.log.GetLog(1, &l); err != nil || string(l.Data) != "x" {
+			if err := s.Log.GetLog(1, &l); err != nil || string(l.Data) != "x" {
 				t.Fatalf("entry 1 after reopen: %+v %v", l, err)
 			}
 		})
@@ -71,22 +76,22 @@ func TestWALReopensAfterTailTruncation(t *testing.T) {
 		}
 		return out
 	}
-	s, err := openRaftStores(dir, LogStoreWAL, logger, hlog)
+	s, err := OpenStores(dir, LogStoreWAL, testSegment, logger, hlog)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.log.StoreLogs(entries(1, 10, "old")); err != nil {
+	if err := s.Log.StoreLogs(entries(1, 10, "old")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.log.DeleteRange(8, 10); err != nil { // a conflicting suffix
+	if err := s.Log.DeleteRange(8, 10); err != nil { // a conflicting suffix
 		t.Fatal(err)
 	}
-	if err := s.log.StoreLogs(entries(8, 12, "new")); err != nil {
+	if err := s.Log.StoreLogs(entries(8, 12, "new")); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 
-	s, err = openRaftStores(dir, LogStoreWAL, logger, hlog)
+	s, err = OpenStores(dir, LogStoreWAL, testSegment, logger, hlog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +102,11 @@ func TestWALReopensAfterTailTruncation(t *testing.T) {
 			want = fmt.Sprintf("new-%d", i)
 		}
 		var l raft.Log
-		if err := s.log.GetLog(i, &l); err != nil || string(l.Data) != want {
+		if err := s.Log.GetLog(i, &l); err != nil || string(l.Data) != want {
 			t.Fatalf("entry %d after reopen: %q, %v; want %q", i, l.Data, err, want)
 		}
 	}
-	if last, err := s.log.LastIndex(); err != nil || last != 12 {
+	if last, err := s.Log.LastIndex(); err != nil || last != 12 {
 		t.Fatalf("last index %d, %v; want 12", last, err)
 	}
 }
@@ -112,7 +117,7 @@ func TestCompactedEntriesNotServed(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, kind := range []string{LogStoreWAL, LogStoreBolt} {
 		t.Run(kind, func(t *testing.T) {
-			s, err := openRaftStores(t.TempDir(), kind, logger, hclog.NewNullLogger())
+			s, err := OpenStores(t.TempDir(), kind, testSegment, logger, hclog.NewNullLogger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,17 +126,17 @@ func TestCompactedEntriesNotServed(t *testing.T) {
 			for i := uint64(1); i <= 100; i++ {
 				logs = append(logs, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte("x")})
 			}
-			if err := s.log.StoreLogs(logs); err != nil {
+			if err := s.Log.StoreLogs(logs); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.log.DeleteRange(1, 50); err != nil {
+			if err := s.Log.DeleteRange(1, 50); err != nil {
 				t.Fatal(err)
 			}
 			var l raft.Log
-			if err := s.log.GetLog(10, &l); !errors.Is(err, raft.ErrLogNotFound) {
+			if err := s.Log.GetLog(10, &l); !errors.Is(err, raft.ErrLogNotFound) {
 				t.Fatalf("GetLog(10) after compacting 1..50: %v, want raft.ErrLogNotFound", err)
 			}
-			if err := s.log.GetLog(51, &l); err != nil || l.Index != 51 {
+			if err := s.Log.GetLog(51, &l); err != nil || l.Index != 51 {
 				t.Fatalf("GetLog(51): %+v %v", l, err)
 			}
 		})

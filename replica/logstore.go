@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"errors"
@@ -41,11 +41,11 @@ const (
 // An entry holds at most one group-commit batch (a few MiB), so a segment
 // holds many, and truncation after a snapshot frees a segment at a time.
 
-// detectLogStore returns the log store a data dir was created with: a wal
+// DetectLogStore returns the log store a data dir was created with: a wal
 // directory means raft-wal; raft.db alone means raft-boltdb held the log
 // (mqd before raft-wal, or --raft-log bolt); neither means a new data dir,
 // which takes the configured store.
-func detectLogStore(dir string) (string, bool, error) {
+func DetectLogStore(dir string) (string, bool, error) {
 	if _, err := os.Stat(filepath.Join(dir, walDir)); err == nil {
 		return LogStoreWAL, true, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -59,19 +59,20 @@ func detectLogStore(dir string) (string, bool, error) {
 	return "", false, nil
 }
 
-// raftStores are the log and stable stores of one node.
-type raftStores struct {
-	kind    string
-	log     raft.LogStore
-	stable  *raftboltdb.BoltStore
+// Stores are the log and stable stores of one replica.
+type Stores struct {
+	Kind    string // LogStoreWAL or LogStoreBolt
+	Log     raft.LogStore
+	Stable  *raftboltdb.BoltStore
 	closers []io.Closer // the WAL and its meta store, if the log is on raft-wal
 }
 
-// openRaftStores opens the stores in dir. The wal directory is created
+// OpenStores opens the stores in dir (raft-wal with segments of
+// segmentSize bytes). The wal directory is created
 // before raft.db, so a crash between the two leaves a data dir that is
 // still recognised as a WAL one.
-func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*raftStores, error) {
-	kind, existing, err := detectLogStore(dir)
+func OpenStores(dir, want string, segmentSize int, logger *slog.Logger, hlog hclog.Logger) (*Stores, error) {
+	kind, existing, err := DetectLogStore(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +84,7 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 	default:
 		logger.Info("raft log store", "raft_log", kind)
 	}
-	s := &raftStores{kind: kind}
+	s := &Stores{Kind: kind}
 	if kind == LogStoreWAL {
 		wdir := filepath.Join(dir, walDir)
 		if err := os.MkdirAll(wdir, 0o700); err != nil {
@@ -93,15 +94,15 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 		// open, so a WAL reopened in the same process would wait for the
 		// lock forever: the node owns the meta store and closes it itself.
 		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(wdir, wal.WithSegmentSize(walSegmentSize(dir)), wal.WithLogger(hlog.Named("wal")),
+		w, err := wal.Open(wdir, wal.WithSegmentSize(segmentSize), wal.WithLogger(hlog.Named("wal")),
 			wal.WithMetaStore(meta), wal.WithSegmentFiler(truncatedTailFiler{segment.NewFiler(wdir, walfs.New())}))
 		if err != nil {
 			_ = meta.Close()
 			return nil, fmt.Errorf("raft wal: %w", err)
 		}
-		s.log, s.closers = walLog{w}, []io.Closer{w, meta}
+		s.Log, s.closers = walLog{w}, []io.Closer{w, meta}
 	}
-	s.stable, err = raftboltdb.New(raftboltdb.Options{
+	s.Stable, err = raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(dir, raftDBFile),
 		BoltOptions: &bolt.Options{Timeout: 5 * time.Second, FreelistType: bolt.FreelistMapType, NoFreelistSync: true},
 	})
@@ -109,8 +110,8 @@ func openRaftStores(dir, want string, logger *slog.Logger, hlog hclog.Logger) (*
 		s.Close()
 		return nil, fmt.Errorf("raft stable store: %w", err)
 	}
-	if s.log == nil {
-		s.log = s.stable
+	if s.Log == nil {
+		s.Log = s.Stable
 	}
 	return s, nil
 }
@@ -158,13 +159,13 @@ func (w walLog) GetLog(index uint64, l *raft.Log) error {
 }
 
 // Close closes the stores.
-func (s *raftStores) Close() {
+func (s *Stores) Close() {
 	for _, c := range s.closers {
 		if err := c.Close(); err != nil {
 			slog.Warn("close raft wal", "err", err)
 		}
 	}
-	if s.stable != nil {
-		_ = s.stable.Close()
+	if s.Stable != nil {
+		_ = s.Stable.Close()
 	}
 }
