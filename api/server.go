@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -269,12 +270,12 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			if !s.node.Serving() {
 				// Newly elected: wait until it has applied the log before it.
 				if err := pause(rctx, 5*time.Millisecond); err != nil {
-					return fmt.Errorf("%w: the new leader is still applying the log", raftfsm.ErrNotLeader)
+					return fmt.Errorf("%w: the new leader is still applying the log", replica.ErrNotLeader)
 				}
 				continue
 			}
 			err := r.def.handler(ctx, r)
-			if !errors.Is(err, raftfsm.ErrNotLeader) {
+			if !errors.Is(err, replica.ErrNotLeader) {
 				return err
 			}
 			ctx.Response.Reset()
@@ -289,11 +290,11 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 				if handoff.IsZero() {
 					handoff = time.Now()
 				} else if time.Since(handoff) > maxHandOffWait {
-					return fmt.Errorf("%w: this node is stopping and no other node takes the leadership", raftfsm.ErrShutdown)
+					return fmt.Errorf("%w: this node is stopping and no other node takes the leadership", replica.ErrShutdown)
 				}
 			}
 			if err := pause(rctx, 5*time.Millisecond); err != nil {
-				return fmt.Errorf("%w: leadership is being handed off", raftfsm.ErrNotLeader)
+				return fmt.Errorf("%w: leadership is being handed off", replica.ErrNotLeader)
 			}
 			continue
 		}
@@ -345,11 +346,11 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, body []byte) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
-		return fmt.Errorf("%w: leadership is changing, retry", raftfsm.ErrNotLeader)
+		return fmt.Errorf("%w: leadership is changing, retry", replica.ErrNotLeader)
 	}
 	_, addr, ok := s.node.Leader()
 	if !ok {
-		return fmt.Errorf("%w: leader address unknown", raftfsm.ErrNotLeader)
+		return fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req) // which drops the raw body

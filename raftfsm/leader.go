@@ -37,7 +37,7 @@ func (n *Node) Run(ctx context.Context) {
 			stop()
 		}
 	}()
-	go n.batch.run(ctx)
+	go n.batch.Run(ctx)
 	go n.snapshotLoop(ctx)
 	go n.watch(ctx)
 	go n.probeLoop(ctx)

@@ -159,7 +159,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 // Collectors returns the node's Prometheus collectors.
 func (n *Node) Collectors() []prometheus.Collector {
 	m := n.metrics
-	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
+	cs := append(n.batch.Collectors(),
 		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes, m.snapshotWritten, m.recoveries,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_applied_bytes_total",
 			Help: "Bytes of raft log entries this node applied since it started."},
@@ -170,7 +170,7 @@ func (n *Node) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_snapshot_restores_total",
 			Help: "Snapshots this node restored (at start, or sent by the leader)."},
 			func() float64 { return float64(n.FSM.Restores()) }),
-		raftTimings.commit, raftTimings.apply, nodeCollector{n}}
+		raftTimings.commit, raftTimings.apply, nodeCollector{n})
 	cs = append(cs, n.clockCollectors()...)
 	cs = append(cs, n.lostCollectors()...)
 	return append(cs, n.disk.collectors()...)

@@ -107,7 +107,7 @@ type Node struct {
 	idRecorded atomic.Bool // the data dir records this node's id (nodeid.go)
 	idWarned   atomic.Bool // recording it failed and was logged once
 	logger     *slog.Logger
-	batch      *batcher
+	batch      *replica.Batcher
 	sched      *scheduler
 	keep       *housekeep.Keeper // the leader's housekeeping (lease sweeps, trims, dedup expiry, replays)
 	serving    atomic.Bool       // leader with its FSM caught up (after the term's barrier)
@@ -156,7 +156,7 @@ func Open(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.batch = newBatcher(n)
+	n.batch = replica.NewBatcher(n.propose)
 	hlog := replica.NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
 	n.stores, err = replica.OpenStores(cfg.DataDir, cfg.RaftLog, walSegmentSize(cfg.DataDir), cfg.Logger, hlog)
 	if err != nil {
@@ -255,7 +255,7 @@ func Open(cfg Config) (*Node, error) {
 	// 4 MiB; only a single large command (up to 17 MiB) makes one larger.
 	// With 1024, a follower catching up received and decoded up to 1024
 	// batched entries of up to 4 MiB at once (2.0 GB RSS for 300 MB).
-	rc.MaxAppendEntries = maxAppendEntries
+	rc.MaxAppendEntries = replica.MaxAppendEntries
 	rc.SnapshotThreshold = raftSnapshotOff // snapshotLoop decides (snapshots.go)
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
@@ -409,52 +409,12 @@ func (n *Node) Apply(ctx context.Context, c *command.Command) (*fsm.Result, erro
 	if err != nil {
 		return nil, err
 	}
-	return n.await(ctx, f)
+	return replica.Await(ctx, f)
 }
 
-// propose hands an encoded command to Raft without waiting for it.
+// propose hands an encoded command to raft without waiting for it.
 func (n *Node) propose(ctx context.Context, data []byte) (raft.ApplyFuture, error) {
-	if n.Raft.State() != raft.Leader {
-		return nil, ErrNotLeader
-	}
-	timeout := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-		if timeout <= 0 {
-			return nil, ErrNoQuorum
-		}
-	}
-	return n.Raft.Apply(data, timeout), nil
-}
-
-// await waits for a proposed command to be committed and applied here, or
-// for ctx to end.
-func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*fsm.Result, error) {
-	done := make(chan struct{})
-	go func() { _ = f.Error(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
-	}
-	if err := f.Error(); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader) || isTransferring(err):
-			return nil, ErrNotLeader
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return nil, ErrShutdown
-		default: // leadership lost, enqueue timeout
-			return nil, fmt.Errorf("%w: %w", ErrNoQuorum, err)
-		}
-	}
-	res, _ := f.Response().(*fsm.Result)
-	if res == nil {
-		return nil, fmt.Errorf("%w: no result", ErrNoQuorum)
-	}
-	if res.Err != nil {
-		return res, res.Err
-	}
-	return res, nil
+	return replica.Propose(ctx, n.Raft, data)
 }
 
 // WaitLeader waits until some node leads (true) or ctx ends (false).
@@ -511,7 +471,7 @@ func (n *Node) Bootstrap(servers []command.NodeInfo) error {
 // state's.
 func (n *Node) Join(ctx context.Context, info command.NodeInfo) error {
 	if !n.IsLeader() {
-		return ErrNotLeader
+		return replica.ErrNotLeader
 	}
 	have := false
 	cf := n.Raft.GetConfiguration()
@@ -573,3 +533,26 @@ func (n *Node) LastSnapshotIndex() uint64 {
 
 // CommitIndex is the highest log index this node knows committed.
 func (n *Node) CommitIndex() uint64 { return n.Raft.CommitIndex() }
+
+// ApplyBatched is Apply for commands that may share a log entry with
+// others (each is applied on its own; one's failure does not fail another).
+// It encodes c before it waits: from then on c and the buffers it refers
+// to are the caller's again, even if ApplyBatched returns early.
+func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
+	if !n.IsLeader() {
+		return nil, replica.ErrNotLeader
+	}
+	if err := n.enter(); err != nil {
+		return nil, err
+	}
+	defer n.leave()
+	if c.Op == command.OpLease {
+		defer n.FSM.AwaitLease()()
+	}
+	// Encoded here, in the caller's goroutine: the many callers encode in
+	// parallel rather than the batcher one after the other, and once this
+	// returns nothing refers to the caller's buffers (a publish's value may
+	// alias its request body).
+	enc, buf := c.EncodePooled()
+	return n.batch.Submit(ctx, enc, buf)
+}

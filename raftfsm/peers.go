@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/internal/refusal"
+	"github.com/mqd/mqd/replica"
 )
 
 // Every node asks each other member for its /v1/internal/status every
@@ -326,7 +327,7 @@ func (n *Node) StateName() string {
 // RemoveNode takes member id out of the cluster (on the leader).
 func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	if !n.IsLeader() {
-		return ErrNotLeader
+		return replica.ErrNotLeader
 	}
 	servers, err := n.Servers()
 	if err != nil {
@@ -341,9 +342,9 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	}
 	if err := n.Raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // not accepted: nothing changed
-			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+			return fmt.Errorf("%w: %w", replica.ErrNotLeader, err)
 		}
-		return fmt.Errorf("%w: remove %s: %w", ErrNoQuorum, id, err)
+		return fmt.Errorf("%w: remove %s: %w", replica.ErrNoQuorum, id, err)
 	}
 	n.logger.Info("removed node from the cluster", "id", id)
 	return nil

@@ -53,7 +53,7 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 			ready("after a snapshot over the FSM's last command")
 
 			// A run of non-commands longer than one AppendEntries.
-			barriers(3 * maxAppendEntries)
+			barriers(3 * replica.MaxAppendEntries)
 			ready("after a long run of barriers")
 		})
 	}

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"context"
@@ -44,10 +44,12 @@ type batchResult struct {
 	err error
 }
 
-type batcher struct {
-	n     *Node
-	in    chan *pending
-	slots chan struct{}
+// Batcher is the group commit of one replica's leader.
+type Batcher struct {
+	// propose hands one entry to raft (ErrNotLeader when not leading).
+	propose func(ctx context.Context, data []byte) (raft.ApplyFuture, error)
+	in      chan *pending
+	slots   chan struct{}
 
 	// Exposed on /metrics: how full the entries are, how long a command
 	// waits for its entry to close, and how long an entry takes in Raft
@@ -57,8 +59,9 @@ type batcher struct {
 	raft  prometheus.Histogram
 }
 
-func newBatcher(n *Node) *batcher {
-	return &batcher{n: n, in: make(chan *pending, maxBatchCmds), slots: make(chan struct{}, batchPipeline),
+// NewBatcher returns a group commit proposing through propose; Run runs it.
+func NewBatcher(propose func(ctx context.Context, data []byte) (raft.ApplyFuture, error)) *Batcher {
+	return &Batcher{propose: propose, in: make(chan *pending, maxBatchCmds), slots: make(chan struct{}, batchPipeline),
 		size: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_commands",
 			Help:    "Commands (publishes, leases, acks, extends, nacks) per group commit (one raft append) on the leader.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
@@ -71,29 +74,12 @@ func newBatcher(n *Node) *batcher {
 	}
 }
 
-// ApplyBatched is Apply for commands that may share a log entry with
-// others (each is applied on its own; one's failure does not fail another).
-// It encodes c before it waits: from then on c and the buffers it refers
-// to are the caller's again, even if ApplyBatched returns early.
-func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
-	if !n.IsLeader() {
-		return nil, ErrNotLeader
-	}
-	if err := n.enter(); err != nil {
-		return nil, err
-	}
-	defer n.leave()
-	if c.Op == command.OpLease {
-		defer n.FSM.AwaitLease()()
-	}
-	// Encoded here, in the caller's goroutine: the many callers encode in
-	// parallel rather than the batcher one after the other, and once this
-	// returns nothing refers to the caller's buffers (a publish's value may
-	// alias its request body).
-	enc, buf := c.EncodePooled()
+// Submit hands an encoded command (and its pooled buffer, or nil) to the
+// group commit and waits for its own result, or for ctx to end.
+func (b *Batcher) Submit(ctx context.Context, enc []byte, buf *[]byte) (*fsm.Result, error) {
 	p := &pending{enc: enc, buf: buf, queued: time.Now(), done: make(chan batchResult, 1)}
 	select {
-	case n.batch.in <- p:
+	case b.in <- p:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
 	}
@@ -105,11 +91,16 @@ func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Resul
 	}
 }
 
-// run gathers commands into batches until ctx ends. A batch is closed only
+// Collectors are the batcher's histograms, for /metrics.
+func (b *Batcher) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{b.size, b.queue, b.raft}
+}
+
+// Run gathers commands into batches until ctx ends. A batch is closed only
 // once a pipeline slot is free, so that everything that arrived while the
 // pipeline was full goes into the next entry together (closing it earlier
 // would send a nearly empty entry and make the rest wait a whole round).
-func (b *batcher) run(ctx context.Context) {
+func (b *Batcher) Run(ctx context.Context) {
 	defer b.drain()
 	for {
 		select {
@@ -139,7 +130,7 @@ func (b *batcher) run(ctx context.Context) {
 	}
 }
 
-func (b *batcher) commit(batch []*pending) {
+func (b *Batcher) commit(batch []*pending) {
 	defer func() { <-b.slots }()
 	start := time.Now()
 	b.size.Observe(float64(len(batch)))
@@ -156,7 +147,7 @@ func (b *batcher) commit(batch []*pending) {
 	// applies them in one bbolt transaction.
 	futures := make([]raft.ApplyFuture, len(entries))
 	for i, e := range entries {
-		f, err := b.n.propose(ctx, e.data)
+		f, err := b.propose(ctx, e.data)
 		if err != nil {
 			for _, e := range entries[i:] {
 				fail(batch[e.first:e.first+e.n], err)
@@ -167,7 +158,7 @@ func (b *batcher) commit(batch []*pending) {
 		futures[i] = f
 	}
 	for i, e := range entries {
-		res, err := b.n.await(ctx, futures[i])
+		res, err := Await(ctx, futures[i])
 		part := batch[e.first : e.first+e.n]
 		switch {
 		case e.n == 1:
@@ -197,9 +188,9 @@ func (b *batcher) commit(batch []*pending) {
 // 47.0k/45.7k msgs/s with one entry per commit.
 const entryBytes = 64 << 10
 
-// maxAppendEntries bounds the entries raft sends a follower in one
-// AppendEntries (node.go): with entryBytes, about 4 MiB of batched commands.
-const maxAppendEntries = 64
+// MaxAppendEntries bounds the entries raft sends a follower in one
+// AppendEntries (raftfsm/node.go): with entryBytes, about 4 MiB of batched commands.
+const MaxAppendEntries = 64
 
 type entry struct {
 	first, n int // batch[first : first+n]
@@ -255,7 +246,7 @@ func recycleCopied(batch []*pending, entries []entry) {
 
 // drain answers what is still queued when the batcher stops: nothing of
 // it was proposed.
-func (b *batcher) drain() {
+func (b *Batcher) drain() {
 	for {
 		select {
 		case p := <-b.in:
