@@ -19,7 +19,7 @@ import (
 // compactMinFree bytes — the node rewrites fsm.db as a compacted copy
 // (bbolt's Compact: every bucket and key walked into a new file, pages
 // filled whole), at two safe points where no write transaction is open:
-//   - at open (hooked in Open, node.go, right after OpenFSM), before raft
+//   - at open (raftfsm/node.go calls CompactAtStart right after OpenFSM), before raft
 //     applies anything;
 //   - in FSM.Snapshot (fsm.go, its first line), which raft calls on its
 //     FSM goroutine between two applies; applies wait for the copy, which

@@ -89,7 +89,7 @@ var (
 	bktNodes   = []byte("nodes")
 	keyApplied = []byte("applied_index")
 	keyTerm    = []byte("applied_term")
-	keyNow     = []byte("now") // the latest applied command's time (clock.go)
+	keyNow     = []byte("now") // the latest applied command's time (raftfsm/clock.go)
 )
 
 // Hooks are the callbacks the node sets on an FSM before raft applies

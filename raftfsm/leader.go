@@ -21,7 +21,7 @@ const (
 	replayEvery    = 100 * time.Millisecond
 	// clockCheckEvery: how often a leader checks its clock against the
 	// cluster's (the probes measure every 500 ms), and whether it can
-	// raise the state format (format.go).
+	// raise the state format (formatraise.go).
 	clockCheckEvery = time.Second
 )
 

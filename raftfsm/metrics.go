@@ -32,7 +32,7 @@ type nodeMetrics struct {
 	// within twice that).
 	snapshotWritten prometheus.Counter
 	// recoveries counts the decisions taken about damaged or untrusted
-	// files (damage.go), by reason.
+	// files (fsm/damage.go), by reason.
 	recoveries *prometheus.CounterVec
 }
 

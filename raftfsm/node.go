@@ -157,7 +157,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.batch = replica.NewBatcher(n.propose)
-	hlog := replica.NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
+	hlog := replica.NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (replica/hclog.go)
 	n.stores, err = replica.OpenStores(cfg.DataDir, cfg.RaftLog, walSegmentSize(cfg.DataDir), cfg.Logger, hlog)
 	if err != nil {
 		n.closeStores()
@@ -177,7 +177,7 @@ func Open(cfg Config) (*Node, error) {
 	n.snaps = snaps
 	// What the log and snapshots can bring the state back to: OpenFSM
 	// keeps a copy of a live tree that is ahead of it before it rolls the
-	// file back to its checkpoint (evidence.go).
+	// file back to its checkpoint (fsm/evidence.go).
 	backed, err := fsm.LogBacks(n.stores.Log, snaps)
 	if err != nil {
 		n.closeStores()
@@ -209,7 +209,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
-	applied, appliedTerm := sm.LostEvidence() // how far the state got before this start (lostlog.go)
+	applied, appliedTerm := sm.LostEvidence() // how far the state got before this start (fsm/lostlog.go)
 	if o := sm.OpenedIndex(); o > 0 {
 		last = o
 	}

@@ -137,7 +137,7 @@ func (n *Node) snapshotDue() (bool, string) {
 		return false, ""
 	}
 	if n.disk.low.Load() && n.FSM.Sparse() {
-		return true, "reclaim" // the snapshot compacts the state first (compact.go)
+		return true, "reclaim" // the snapshot compacts the state first (fsm/compact.go)
 	}
 	size, since := n.FSM.Size(), n.FSM.BytesSinceSnapshot()
 	if since >= uint64(max(size, snapshotRatioFloor))/snapshotRatio {

@@ -37,7 +37,7 @@ const (
 )
 
 // raft-wal's segments are sized to the data dir's filesystem
-// (walSegmentFor, disk.go): raft-wal's default, 64 MiB, on 1 GiB or more.
+// (walSegmentFor, raftfsm/disk.go): raft-wal's default, 64 MiB, on 1 GiB or more.
 // An entry holds at most one group-commit batch (a few MiB), so a segment
 // holds many, and truncation after a snapshot frees a segment at a time.
 
