@@ -256,7 +256,7 @@ func Open(cfg Config) (*Node, error) {
 	// With 1024, a follower catching up received and decoded up to 1024
 	// batched entries of up to 4 MiB at once (2.0 GB RSS for 300 MB).
 	rc.MaxAppendEntries = replica.MaxAppendEntries
-	rc.SnapshotThreshold = raftSnapshotOff // snapshotLoop decides (snapshots.go)
+	rc.SnapshotThreshold = replica.RaftSnapshotOff // snapshotLoop decides (snapshots.go)
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.HeartbeatTimeout = 1500 * time.Millisecond
