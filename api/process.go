@@ -40,7 +40,7 @@ type staleBody struct {
 }
 
 // process acks the receipts and publishes the outputs as one command
-// (raftfsm.applyProcess). The caller needs consume: on the input topic
+// (fsm.applyProcess). The caller needs consume: on the input topic
 // (the route) and publish: on every output topic, checked here before
 // anything in the body is validated or looked up; a follower forwards the
 // request and the leader authorizes the same caller again.
