@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -66,13 +66,13 @@ func (s *Server) browse(ctx *fasthttp.RequestCtx, r *route) error {
 	if q.Has("offset") && !only {
 		return fmt.Errorf("%w: offset needs partition (an offset is a position in one partition)", ErrBadRequest)
 	}
-	var pg *raftfsm.BrowsePage
-	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	var pg *fsm.BrowsePage
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		pg, err = rd.Browse(r.topic, uint32(part), off, int(limit), browseMaxBytes, only)
 		return err
 	})
-	if errors.Is(err, raftfsm.ErrBadPartition) {
+	if errors.Is(err, fsm.ErrBadPartition) {
 		return fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if err != nil {

@@ -3,8 +3,8 @@ package api
 import (
 	"sync"
 
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // cfgCache keeps topic configurations between changes, so that a publish
@@ -21,7 +21,7 @@ type cfgCache struct {
 // topicConfig returns the topic's configuration, from the cache while no
 // topic changed since it was read.
 func (s *Server) topicConfig(topic string) (mlog.Config, error) {
-	gen := s.node.FSM.ConfigGen() // before the read: a newer change invalidates it
+	gen := s.state.ConfigGen() // before the read: a newer change invalidates it
 	c := &s.cfgs
 	c.mu.RLock()
 	cfg, ok := c.m[topic]
@@ -30,7 +30,7 @@ func (s *Server) topicConfig(topic string) (mlog.Config, error) {
 	if hit {
 		return cfg, nil
 	}
-	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	err := s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		cfg, err = r.TopicConfig(topic)
 		return err

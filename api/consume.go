@@ -12,9 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -128,7 +129,7 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]group.Delivery, e
 	now := nowMs()
 	var ackTimeoutMs int64
 	needed := false
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		cfg, err := rd.TopicConfig(r.topic)
 		if err != nil {
 			return err
@@ -145,12 +146,12 @@ func (s *Server) tryLease(r *route, max int, leaseMs int64) ([]group.Delivery, e
 	}
 	// Group-committed: concurrent fetches (and publishes, acks) share one
 	// raft entry and one FSM transaction.
-	res, err := s.node.ApplyBatched(r.ctx, &raftfsm.Command{Op: raftfsm.OpLease, Now: now, Topic: r.topic, Group: r.group,
+	res, err := s.node.ApplyBatched(r.ctx, &command.Command{Op: command.OpLease, Now: now, Topic: r.topic, Group: r.group,
 		Max: uint32(max), LeaseMs: leaseMs})
 	if err != nil {
 		return nil, err
 	}
-	return s.node.FSM.FillLeased(r.topic, res.Deliveries)
+	return s.state.FillLeased(r.topic, res.Deliveries)
 }
 
 var fetchBufs = sync.Pool{New: func() any { return new([]byte) }}
@@ -256,24 +257,24 @@ type receiptResult struct {
 }
 
 func (s *Server) ack(ctx *fasthttp.RequestCtx, r *route) error {
-	return s.receiptOp(ctx, r, raftfsm.OpAck)
+	return s.receiptOp(ctx, r, command.OpAck)
 }
 
 func (s *Server) extend(ctx *fasthttp.RequestCtx, r *route) error {
-	return s.receiptOp(ctx, r, raftfsm.OpExtend)
+	return s.receiptOp(ctx, r, command.OpExtend)
 }
 
 // receiptOp runs ack or extend.
-func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) error {
+func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op command.Op) error {
 	var b receiptsBody
 	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
 		return err
 	}
-	cmd := &raftfsm.Command{Op: op, Now: nowMs(), Topic: r.topic, Group: r.group}
+	cmd := &command.Command{Op: op, Now: nowMs(), Topic: r.topic, Group: r.group}
 	switch {
-	case op == raftfsm.OpExtend && b.LeaseMs == nil:
+	case op == command.OpExtend && b.LeaseMs == nil:
 		return fmt.Errorf("%w: lease_ms is required", ErrBadRequest)
-	case op == raftfsm.OpExtend:
+	case op == command.OpExtend:
 		if err := checkRange("lease_ms", *b.LeaseMs, 1, 12*3600*1000); err != nil {
 			return err
 		}
@@ -286,7 +287,7 @@ func (s *Server) receiptOp(ctx *fasthttp.RequestCtx, r *route, op raftfsm.Op) er
 
 // runReceipts runs ack, extend or nack: malformed receipts are answered
 // "invalid" at once, the rest go to the FSM in one command.
-func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *raftfsm.Command, receipts []string) error {
+func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *command.Command, receipts []string) error {
 	if len(receipts) == 0 || len(receipts) > maxReceipts {
 		return fmt.Errorf("%w: receipts must hold 1..%d receipts", ErrBadRequest, maxReceipts)
 	}
@@ -301,7 +302,7 @@ func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *raftfsm.Co
 		cmd.Receipts = append(cmd.Receipts, rc)
 		idx = append(idx, i)
 	}
-	if cmd.Op == raftfsm.OpNack {
+	if cmd.Op == command.OpNack {
 		cmd.Rands = make([]uint32, len(cmd.Receipts))
 		for i := range cmd.Rands {
 			cmd.Rands[i] = rand.Uint32()
@@ -317,7 +318,7 @@ func (s *Server) runReceipts(ctx *fasthttp.RequestCtx, r *route, cmd *raftfsm.Co
 	if len(cmd.Receipts) > 0 {
 		res, err := s.node.ApplyBatched(r.ctx, cmd)
 		if errors.Is(err, group.ErrGroupNotFound) {
-			res, err = &raftfsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
+			res, err = &fsm.Result{Statuses: slices.Repeat([]string{group.StatusInvalid}, len(idx))}, nil
 		}
 		if err != nil {
 			return err

@@ -6,9 +6,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/dlq"
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -31,7 +32,7 @@ func (s *Server) nack(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := decodeStrict(ctx.PostBody(), &b); err != nil {
 		return err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpNack, Now: nowMs(), Topic: r.topic, Group: r.group,
+	cmd := &command.Command{Op: command.OpNack, Now: nowMs(), Topic: r.topic, Group: r.group,
 		NodeID: s.node.ID(), Retryable: true, DelayMs: -1}
 	if b.Retryable != nil {
 		cmd.Retryable = *b.Retryable
@@ -122,7 +123,7 @@ func (s *Server) listDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 		return fmt.Errorf("%w: idempotency_key over %d bytes", ErrBadRequest, maxKeyLen)
 	}
 	var letters []*dlq.Letter
-	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		// One more than the page: next_after only when there is a next.
 		letters, err = rd.DeadLetters(r.topic, r.group, after, int(limit)+1, key)
@@ -189,7 +190,7 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := s.node.CheckDisk(0); err != nil {
 		return err
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpReplay, Now: nowMs(), Topic: r.topic, Group: r.group,
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpReplay, Now: nowMs(), Topic: r.topic, Group: r.group,
 		IDs: b.IDs, All: all, Rate: uint64(rate)})
 	if err != nil {
 		return err
@@ -202,7 +203,7 @@ func (s *Server) replayDeadLetters(ctx *fasthttp.RequestCtx, r *route) error {
 // (errors: the topic or group does not exist).
 func (s *Server) noDeadLetters(r *route) (bool, error) {
 	var n int
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		letters, err := rd.DeadLetters(r.topic, r.group, 0, 1, "")
 		n = len(letters)
 		return err
@@ -215,7 +216,7 @@ func (s *Server) deleteDeadLetter(ctx *fasthttp.RequestCtx, r *route) error {
 	if !ok || id == 0 {
 		return fmt.Errorf("%w: dead-letter id must be a positive integer", ErrBadRequest)
 	}
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteDeadLetter, Now: nowMs(), Topic: r.topic,
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteDeadLetter, Now: nowMs(), Topic: r.topic,
 		Group: r.group, IDs: []uint64{id}}); err != nil {
 		return err
 	}

@@ -6,7 +6,7 @@ import (
 	"strconv"
 
 	"github.com/mqd/mqd/internal/refusal"
-	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/valyala/fasthttp"
 )
 
@@ -71,9 +71,9 @@ func buildCatalogue() []catalogueEntry {
 		{ErrRequestTimeout, apiError{408, "request_timeout"}},
 	}...)
 	return append(out,
-		catalogueEntry{raftfsm.ErrNoQuorum, apiError{503, "no_quorum"}},
-		catalogueEntry{raftfsm.ErrNotLeader, apiError{503, "no_leader"}},
-		catalogueEntry{raftfsm.ErrShutdown, apiError{503, "shutting_down"}},
+		catalogueEntry{replica.ErrNoQuorum, apiError{503, "no_quorum"}},
+		catalogueEntry{replica.ErrNotLeader, apiError{503, "no_leader"}},
+		catalogueEntry{replica.ErrShutdown, apiError{503, "shutting_down"}},
 		catalogueEntry{ErrUnavailable, apiError{503, "unavailable"}},
 	)
 }

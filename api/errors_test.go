@@ -9,10 +9,11 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	"github.com/mqd/mqd/internal/refusal"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/valyala/fasthttp"
 )
 
@@ -55,16 +56,16 @@ func TestWriteErrorClassification(t *testing.T) {
 		{ErrBadHeader, 400, "bad_header"},
 		{ErrBadRequest, 400, "bad_request"},
 		{mlog.ErrPartitionShrink, 409, "partitions_shrink"},
-		{raftfsm.ErrSeqGap, 409, "sequence_gap"},
-		{raftfsm.ErrSeqOverlap, 409, "sequence_overlap"},
+		{fsm.ErrSeqGap, 409, "sequence_gap"},
+		{fsm.ErrSeqOverlap, 409, "sequence_overlap"},
 		{ErrHeaderTooLarge, 431, "header_too_large"},
 		{ErrRequestTimeout, 408, "request_timeout"},
 		{mlog.ErrTooLarge, 413, "message_too_large"},
 		{ErrBodyTooLarge, 413, "request_too_large"},
 		{mlog.ErrTopicFull, 507, "topic_full"},
-		{raftfsm.ErrNoQuorum, 503, "no_quorum"},
-		{raftfsm.ErrNotLeader, 503, "no_leader"},
-		{raftfsm.ErrShutdown, 503, "shutting_down"},
+		{replica.ErrNoQuorum, 503, "no_quorum"},
+		{replica.ErrNotLeader, 503, "no_leader"},
+		{replica.ErrShutdown, 503, "shutting_down"},
 		{ErrUnavailable, 503, "unavailable"},
 		{errors.New("disk on fire"), 500, "internal"},
 		{mlog.ErrCorrupt, 500, "internal"},
@@ -98,7 +99,7 @@ func TestWriteErrorClassification(t *testing.T) {
 
 func TestClassifyPrefersSpecificErrors(t *testing.T) {
 	// A no-quorum wrapped with its context error is still 503.
-	err := fmt.Errorf("%w: %w", raftfsm.ErrNoQuorum, errors.New("context deadline exceeded"))
+	err := fmt.Errorf("%w: %w", replica.ErrNoQuorum, errors.New("context deadline exceeded"))
 	if st := classify(err); st.status != 503 || st.code != "no_quorum" {
 		t.Fatalf("classify(%v) = %+v", err, st)
 	}

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
@@ -68,7 +68,7 @@ func (m *metrics) commit(d time.Duration, err error) {
 	}
 }
 
-func (m *metrics) countPublished(topic string, ps []raftfsm.Published) {
+func (m *metrics) countPublished(topic string, ps []fsm.Published) {
 	var stored, dup int
 	for _, p := range ps {
 		if p.Duplicate {

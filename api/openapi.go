@@ -2,6 +2,7 @@ package api
 
 import (
 	_ "embed"
+
 	"github.com/valyala/fasthttp"
 )
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
@@ -32,7 +34,7 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 type clusterNode struct {
-	raftfsm.NodeInfo
+	command.NodeInfo
 	State         string `json:"state"`
 	Voter         bool   `json:"voter"`
 	LastContactMs int64  `json:"last_contact_ms"`
@@ -53,13 +55,13 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 	if err != nil {
 		return err
 	}
-	infos := s.node.FSM.Nodes()
+	infos := s.state.Nodes()
 	lid, _, known := s.node.Leader()
 	if known && lid != s.node.ID() && s.node.Peer(lid).State == "unreachable" {
 		known = false
 	}
 	out := struct {
-		Leader            *raftfsm.NodeInfo `json:"leader"`
+		Leader            *command.NodeInfo `json:"leader"`
 		Nodes             []clusterNode     `json:"nodes"`
 		Self              string            `json:"self"`
 		AppliedIndex      uint64            `json:"applied_index"`
@@ -68,9 +70,9 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		StateFormat       int               `json:"state_format"`
 		Resources         raftfsm.Resources `json:"resources"`
 		Alarms            []string          `json:"alarms"`
-	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.node.FSM.AppliedIndex(),
-		CommitIndex: s.node.Raft.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
-		StateFormat: s.node.FSM.StateFormat(), Resources: s.node.Resources()}
+	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.state.AppliedIndex(),
+		CommitIndex: s.node.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
+		StateFormat: s.state.StateFormat(), Resources: s.node.Resources()}
 	out.Alarms = alarms(out.Resources)
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
@@ -80,7 +82,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 			cn.NodeInfo, cn.State = s.node.Info(), s.node.StateName()
 			cn.LastContactMs = s.node.LastContactMs()
 			cn.AppliedIndex, cn.CommitIndex = out.AppliedIndex, out.CommitIndex
-			cn.StateFormatMax = raftfsm.StateFormat
+			cn.StateFormatMax = fsm.StateFormat
 		} else {
 			p := s.node.Peer(info.ID)
 			cn.NodeInfo, cn.State, cn.LastContactMs = info, p.State, p.LastContactMs
@@ -130,7 +132,7 @@ func (s *Server) status(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
-	var info raftfsm.NodeInfo
+	var info command.NodeInfo
 	if err := decodeStrict(ctx.PostBody(), &info); err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/fsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -108,7 +108,7 @@ func (s *Server) pollViaLeader(ctx *fasthttp.RequestCtx, r *route, fa fetchArgs)
 // would lease something (or create the group): when in doubt, yes. If not,
 // due is when the group's next waiting message becomes due (zero: none).
 func (s *Server) mayLease(r *route) (ok bool, due time.Time) {
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		ok, due, err = rd.LeaseOutlook(r.topic, r.group, nowMs())
 		return err

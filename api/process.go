@@ -5,9 +5,10 @@ import (
 	"fmt"
 
 	"github.com/mqd/mqd/auth"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -39,7 +40,7 @@ type staleBody struct {
 }
 
 // process acks the receipts and publishes the outputs as one command
-// (raftfsm.applyProcess). The caller needs consume: on the input topic
+// (fsm.applyProcess). The caller needs consume: on the input topic
 // (the route) and publish: on every output topic, checked here before
 // anything in the body is validated or looked up; a follower forwards the
 // request and the leader authorizes the same caller again.
@@ -67,11 +68,11 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	if s.node.FSM.StateFormat() < raftfsm.ProcessFormat {
-		return fmt.Errorf("%w (it is %d)", raftfsm.ErrFormatTooOld, s.node.FSM.StateFormat())
+	if s.state.StateFormat() < fsm.ProcessFormat {
+		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.state.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
-	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, raftfsm.ErrStaleReceipt) {
+	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, fsm.ErrStaleReceipt) {
 		rr, serr := staleReceipts(err, r, b.Ack, idx, res)
 		writeStale(ctx, serr, rr)
 		return nil
@@ -108,7 +109,7 @@ func (s *Server) authorizeOutputs(r *route, outs []processOut) error {
 // ack and batch publish, each output as a batch message, placed on its
 // topic's partitions. A malformed receipt refuses the call (409) here;
 // idx maps the command's receipts back to the request's.
-func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []int, error) {
+func (s *Server) processCommand(r *route, b *processBody) (*command.Command, []int, error) {
 	if len(b.Ack) == 0 || len(b.Ack) > maxReceipts {
 		return nil, nil, fmt.Errorf("%w: ack must hold 1..%d receipts", ErrBadRequest, maxReceipts)
 	}
@@ -118,8 +119,8 @@ func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []i
 	if _, err := s.topicConfig(r.topic); err != nil {
 		return nil, nil, err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpProcess, Now: nowMs(), Topic: r.topic, Group: r.group,
-		Outputs: make([]raftfsm.Output, len(b.Publish))}
+	cmd := &command.Command{Op: command.OpProcess, Now: nowMs(), Topic: r.topic, Group: r.group,
+		Outputs: make([]command.Output, len(b.Publish))}
 	seen := make(map[string]bool, len(b.Ack))
 	bad := invalidReceipts{}
 	idx := make([]int, 0, len(b.Ack))
@@ -158,23 +159,23 @@ func (s *Server) processCommand(r *route, b *processBody) (*raftfsm.Command, []i
 // topic. An unknown topic is a 404 and a message over the topic's
 // max_message_bytes a 413 (unless it repeats a stored one by key, which
 // the FSM answers as a duplicate), as for a batch publish.
-func (s *Server) processOutput(o *processOut, i int) (raftfsm.Output, error) {
+func (s *Server) processOutput(o *processOut, i int) (command.Output, error) {
 	if !mlog.ValidName(o.Topic) {
-		return raftfsm.Output{}, fmt.Errorf("%w: publish.%d: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..",
+		return command.Output{}, fmt.Errorf("%w: publish.%d: topic %q must match [A-Za-z0-9._-]{1,200} and not be . or ..",
 			mlog.ErrInvalidName, i, o.Topic)
 	}
 	m, err := o.toMsg(i)
 	if err != nil {
-		return raftfsm.Output{}, err
+		return command.Output{}, err
 	}
 	cfg, err := s.topicConfig(o.Topic)
 	if err != nil {
-		return raftfsm.Output{}, fmt.Errorf("publish.%d: output topic %q: %w", i, o.Topic, err)
+		return command.Output{}, fmt.Errorf("publish.%d: output topic %q: %w", i, o.Topic, err)
 	}
 	if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !s.repeatsStored(o.Topic, cfg, m, producer{}, 0) {
-		return raftfsm.Output{}, fmt.Errorf("publish.%d: %w", i, err)
+		return command.Output{}, fmt.Errorf("publish.%d: %w", i, err)
 	}
-	return raftfsm.Output{Topic: o.Topic, Placed: mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}}, nil
+	return command.Output{Topic: o.Topic, Placed: mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}}, nil
 }
 
 // invalidReceipts are the receipts of a process call that mqd never
@@ -182,21 +183,21 @@ func (s *Server) processOutput(o *processOut, i int) (raftfsm.Output, error) {
 type invalidReceipts map[string]bool
 
 func (e invalidReceipts) Error() string {
-	return fmt.Sprintf("%v: %d invalid receipts", raftfsm.ErrStaleReceipt, len(e))
+	return fmt.Sprintf("%v: %d invalid receipts", fsm.ErrStaleReceipt, len(e))
 }
 
-func (e invalidReceipts) Unwrap() error { return raftfsm.ErrStaleReceipt }
+func (e invalidReceipts) Unwrap() error { return fsm.ErrStaleReceipt }
 
 // staleReceipts pairs the request's receipts (ack, of which the command
 // holds those at idx) with their statuses in a refused call's result; a
 // group that does not exist makes each one invalid, as in an ack.
-func staleReceipts(err error, r *route, ack []string, idx []int, res *raftfsm.Result) ([]receiptResult, error) {
+func staleReceipts(err error, r *route, ack []string, idx []int, res *fsm.Result) ([]receiptResult, error) {
 	var st []string
 	if res != nil {
 		st = res.Statuses
 	}
 	if errors.Is(err, group.ErrGroupNotFound) {
-		err = fmt.Errorf("%w: group %q does not exist", raftfsm.ErrStaleReceipt, r.group)
+		err = fmt.Errorf("%w: group %q does not exist", fsm.ErrStaleReceipt, r.group)
 		st = make([]string, len(idx))
 		for i := range st {
 			st[i] = group.StatusInvalid
@@ -227,13 +228,13 @@ func writeStale(ctx *fasthttp.RequestCtx, err error, rr []receiptResult) {
 }
 
 // countProcess counts the call's acks and stored outputs on /metrics.
-func (s *Server) countProcess(pr *raftfsm.ProcessResult) {
+func (s *Server) countProcess(pr *fsm.ProcessResult) {
 	ok := make([]string, pr.Acked)
 	for i := range ok {
 		ok[i] = group.StatusOK
 	}
 	s.metrics.countReceipts("process", ok)
-	byTopic := map[string][]raftfsm.Published{}
+	byTopic := map[string][]fsm.Published{}
 	var order []string
 	for _, o := range pr.Outputs {
 		if _, seen := byTopic[o.Topic]; !seen {

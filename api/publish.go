@@ -11,8 +11,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -99,12 +100,12 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 
 // publishMsgs places the messages on partitions and commits them as one
 // command.
-func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, prod producer) (*raftfsm.Result, error) {
+func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, prod producer) (*fsm.Result, error) {
 	cfg, err := s.topicConfig(r.topic)
 	if err != nil {
 		return nil, err
 	}
-	cmd := &raftfsm.Command{Op: raftfsm.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
+	cmd := &command.Command{Op: command.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
 		Producer: prod.id, Seq: prod.seq}
 	bodySize := 0
 	for i, m := range msgs {
@@ -124,7 +125,7 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 	start := time.Now()
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
 	s.metrics.commit(time.Since(start), err)
-	if errors.Is(err, raftfsm.ErrSeqGap) || errors.Is(err, raftfsm.ErrSeqTooOld) || errors.Is(err, raftfsm.ErrSeqOverlap) {
+	if errors.Is(err, fsm.ErrSeqGap) || errors.Is(err, fsm.ErrSeqTooOld) || errors.Is(err, fsm.ErrSeqOverlap) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
 	}
 	if err == nil {
@@ -145,7 +146,7 @@ func (s *Server) repeatsStored(topic string, cfg mlog.Config, m pubMsg, prod pro
 		return false
 	}
 	var ok bool
-	_ = s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	_ = s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		ok, err = r.Stored(topic, key, prod.id, prod.seq+uint64(i), nowMs())
 		return err

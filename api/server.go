@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -56,7 +57,8 @@ type Options struct {
 
 // Server serves mqd's HTTP API for one node.
 type Server struct {
-	node       *raftfsm.Node
+	node       Node
+	state      State
 	opts       Options
 	limits     *limiters
 	logger     *slog.Logger
@@ -75,9 +77,14 @@ type Server struct {
 	loud       loudLimiter      // spaces out 5xx warnings (requestlog.go)
 }
 
-// New builds a server for node.
+// New builds a server for node and the state machine it replicates.
 func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
-	s := &Server{node: node, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
+	return newServer(node, node.FSM, logger, opts)
+}
+
+// newServer builds a server on any Node and State (an in-process test's).
+func newServer(node Node, state State, logger *slog.Logger, opts Options) *Server {
+	s := &Server{node: node, state: state, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
 		connLimits: opts.Limits.withDefaults()}
 	s.conns = newConnLimiter(s.connLimits, logger)
 	s.budget = newBodyBudget(s.connLimits.BodyBudget)
@@ -90,7 +97,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
-	node.FSM.OnNotify(s.waiters.wake)
+	state.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
 		// The leader routes the path as the client sent it (routes.go:
 		// match); normalized here, "dlq/..%2F..%2F..%2Fx" would reach it
@@ -263,12 +270,12 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			if !s.node.Serving() {
 				// Newly elected: wait until it has applied the log before it.
 				if err := pause(rctx, 5*time.Millisecond); err != nil {
-					return fmt.Errorf("%w: the new leader is still applying the log", raftfsm.ErrNotLeader)
+					return fmt.Errorf("%w: the new leader is still applying the log", replica.ErrNotLeader)
 				}
 				continue
 			}
 			err := r.def.handler(ctx, r)
-			if !errors.Is(err, raftfsm.ErrNotLeader) {
+			if !errors.Is(err, replica.ErrNotLeader) {
 				return err
 			}
 			ctx.Response.Reset()
@@ -283,11 +290,11 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 				if handoff.IsZero() {
 					handoff = time.Now()
 				} else if time.Since(handoff) > maxHandOffWait {
-					return fmt.Errorf("%w: this node is stopping and no other node takes the leadership", raftfsm.ErrShutdown)
+					return fmt.Errorf("%w: this node is stopping and no other node takes the leadership", replica.ErrShutdown)
 				}
 			}
 			if err := pause(rctx, 5*time.Millisecond); err != nil {
-				return fmt.Errorf("%w: leadership is being handed off", raftfsm.ErrNotLeader)
+				return fmt.Errorf("%w: leadership is being handed off", replica.ErrNotLeader)
 			}
 			continue
 		}
@@ -339,11 +346,11 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, body []byte) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
-		return fmt.Errorf("%w: leadership is changing, retry", raftfsm.ErrNotLeader)
+		return fmt.Errorf("%w: leadership is changing, retry", replica.ErrNotLeader)
 	}
 	_, addr, ok := s.node.Leader()
 	if !ok {
-		return fmt.Errorf("%w: leader address unknown", raftfsm.ErrNotLeader)
+		return fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req) // which drops the raw body

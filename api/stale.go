@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/valyala/fasthttp"
 )
 
@@ -71,7 +71,7 @@ func (s *Server) serveStale(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	defer cancel()
 	r.ctx = rctx
-	applied := s.node.FSM.AppliedIndex()
+	applied := s.state.AppliedIndex()
 	stale := s.staleMs()
 	if err := r.def.handler(ctx, r); err != nil {
 		return err
@@ -113,13 +113,13 @@ func (s *Server) waitLeader(lctx context.Context, r *route) error {
 	if r.def.Stale {
 		return s.noLeaderForRead()
 	}
-	return fmt.Errorf("%w: no leader elected within the request's deadline", raftfsm.ErrNoQuorum)
+	return fmt.Errorf("%w: no leader elected within the request's deadline", replica.ErrNoQuorum)
 }
 
 func (s *Server) noLeaderForRead() error {
-	return errorf(raftfsm.ErrNotLeader, "no leader: node %s found no leader that answers within %v (a majority of the nodes may be down or cut off); "+
+	return errorf(replica.ErrNotLeader, "no leader: node %s found no leader that answers within %v (a majority of the nodes may be down or cut off); "+
 		"this read answers from the leader's committed state; add ?stale=ok to read this node's applied state "+
-		"(index %d, last heard from a leader %s)", s.node.ID(), readLeaderWait, s.node.FSM.AppliedIndex(), s.lastHeard())
+		"(index %d, last heard from a leader %s)", s.node.ID(), readLeaderWait, s.state.AppliedIndex(), s.lastHeard())
 }
 
 func (s *Server) lastHeard() string {

@@ -4,8 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // The per-topic and per-group series of the state are written straight
@@ -157,12 +157,12 @@ func (s *Server) stateRows() *stateRows {
 	tallies := s.node.GroupTallies()
 	rows := &stateRows{}
 	var upTo uint64
-	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	err := s.state.Read(func(r *fsm.Reader) error {
 		upTo = r.AppliedIndex()
-		r.EachTopicGauges(nowMs(), func(t *raftfsm.TopicGauges) {
+		r.EachTopicGauges(nowMs(), func(t *fsm.TopicGauges) {
 			rows.topics = append(rows.topics, topicRow{name: t.Name, messages: t.Messages, bytes: t.Bytes})
 			for _, g := range t.Groups {
-				k := raftfsm.TopicGroup{Topic: t.Name, Group: g.Name}
+				k := fsm.TopicGroup{Topic: t.Name, Group: g.Name}
 				rows.groups = append(rows.groups, groupRow{topic: t.Name, name: g.Name, Gauges: g.Gauges, Tally: tallies[k].Tally})
 				delete(tallies, k)
 			}
@@ -170,7 +170,7 @@ func (s *Server) stateRows() *stateRows {
 		return nil
 	})
 	if err == nil && len(tallies) > 0 {
-		gone := make([]raftfsm.TopicGroup, 0, len(tallies))
+		gone := make([]fsm.TopicGroup, 0, len(tallies))
 		for k := range tallies {
 			gone = append(gone, k)
 		}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
@@ -65,7 +67,7 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 			return err
 		}
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpPutTopic, Now: nowMs(), Topic: r.topic, Patch: p})
 	if err != nil {
 		return err
 	}
@@ -77,7 +79,7 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) deleteTopic(ctx *fasthttp.RequestCtx, r *route) error {
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteTopic, Now: nowMs(), Topic: r.topic}); err != nil {
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteTopic, Now: nowMs(), Topic: r.topic}); err != nil {
 		return err
 	}
 	writeJSON(ctx, 200, map[string]any{"deleted": r.topic})
@@ -89,8 +91,8 @@ func (s *Server) getTopic(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) error {
-	var st *raftfsm.TopicStats
-	err := s.node.FSM.Read(func(r *raftfsm.Reader) error {
+	var st *fsm.TopicStats
+	err := s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		st, err = r.TopicStats(topic, nowMs())
 		return err
@@ -118,7 +120,7 @@ type topicStats struct {
 	Groups     map[string]group.Stats `json:"groups"`
 }
 
-func topicJSON(st *raftfsm.TopicStats) *topicStats {
+func topicJSON(st *fsm.TopicStats) *topicStats {
 	out := &topicStats{Name: st.Name, Config: st.Config, Messages: st.Messages, Bytes: st.Bytes, Groups: st.Groups}
 	for _, p := range st.Partitions {
 		out.Partitions = append(out.Partitions, partStats{p.Partition, p.FirstOffset, p.NextOffset, p.Messages})
@@ -141,7 +143,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	out := []*topicStats{}
 	next := ""
 	now := nowMs()
-	err = s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	err = s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		rd.EachTopicAfter(after, func(t string) bool {
 			if !r.sees(t) {
@@ -151,7 +153,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 				next = out[len(out)-1].Name
 				return false
 			}
-			var st *raftfsm.TopicStats
+			var st *fsm.TopicStats
 			if st, err = rd.TopicStats(t, now); err != nil {
 				return false
 			}
@@ -175,7 +177,7 @@ func (s *Server) putGroup(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
 		return err
 	}
-	res, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpPutGroup, Now: nowMs(), Topic: r.topic, Group: r.group})
+	res, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpPutGroup, Now: nowMs(), Topic: r.topic, Group: r.group})
 	if err != nil {
 		return err
 	}
@@ -188,7 +190,7 @@ func (s *Server) putGroup(ctx *fasthttp.RequestCtx, r *route) error {
 }
 
 func (s *Server) deleteGroup(ctx *fasthttp.RequestCtx, r *route) error {
-	if _, err := s.node.Apply(r.ctx, &raftfsm.Command{Op: raftfsm.OpDeleteGroup, Now: nowMs(), Topic: r.topic, Group: r.group}); err != nil {
+	if _, err := s.node.Apply(r.ctx, &command.Command{Op: command.OpDeleteGroup, Now: nowMs(), Topic: r.topic, Group: r.group}); err != nil {
 		return err
 	}
 	writeJSON(ctx, 200, map[string]any{"deleted": r.group})

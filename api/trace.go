@@ -3,8 +3,8 @@ package api
 import (
 	"fmt"
 
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	"github.com/valyala/fasthttp"
 )
 
@@ -32,8 +32,8 @@ func (s *Server) traceKey(ctx *fasthttp.RequestCtx, r *route) error {
 	if _, err := checkKey("key", r.key); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	var t *raftfsm.KeyTrace
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	var t *fsm.KeyTrace
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		t, err = rd.TraceKey(r.topic, r.key, nowMs())
 		return err
@@ -91,8 +91,8 @@ func (s *Server) reconcile(ctx *fasthttp.RequestCtx, r *route) error {
 			return fmt.Errorf("%w: group %q must match [A-Za-z0-9._-]{1,200} and not be . or ..", mlog.ErrInvalidName, name)
 		}
 	}
-	var rec *raftfsm.Reconciliation
-	err := s.node.FSM.Read(func(rd *raftfsm.Reader) error {
+	var rec *fsm.Reconciliation
+	err := s.state.Read(func(rd *fsm.Reader) error {
 		var err error
 		rec, err = rd.Reconcile(r.topic, b.Keys, name, nowMs())
 		return err

@@ -46,7 +46,7 @@ var (
 )
 
 // dedupPayload is what the publish index stores: a partition and an offset
-// (raftfsm.encodePlacement: two uvarints).
+// (fsm.encodePlacement: two uvarints).
 var dedupPayload = []byte{0x00, 0xc0, 0x84, 0x3d}
 
 // putKeySeq numbers the keys the put sub-benchmark adds, above the built ones.

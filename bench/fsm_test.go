@@ -18,8 +18,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
-	"github.com/mqd/mqd/raftfsm"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -70,18 +71,18 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 	val := payload(payloadSize)
 	for _, keyed := range []bool{false, true} {
 		b.Run(fmt.Sprintf("keys=%v/batch=%d", keyed, batch), func(b *testing.B) {
-			f, err := raftfsm.OpenFSM(filepath.Join(b.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
+			f, err := fsm.OpenFSM(filepath.Join(b.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer f.Close()
 			now := time.Now().UnixMilli()
 			var idx uint64
-			entry := func(c *raftfsm.Command) []*raft.Log {
+			entry := func(c *command.Command) []*raft.Log {
 				idx++
 				return []*raft.Log{{Index: idx, Term: 1, Type: raft.LogCommand, Data: c.Encode()}}
 			}
-			if r := f.ApplyBatch(entry(&raftfsm.Command{Op: raftfsm.OpPutTopic, Now: now, Topic: "t"}))[0].(*raftfsm.Result); r.Err != nil {
+			if r := f.ApplyBatch(entry(&command.Command{Op: command.OpPutTopic, Now: now, Topic: "t"}))[0].(*fsm.Result); r.Err != nil {
 				b.Fatal(r.Err)
 			}
 			var out []interface{}
@@ -89,7 +90,7 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 				if out == nil {
 					return
 				}
-				for _, r := range out[0].(*raftfsm.Result).Multi {
+				for _, r := range out[0].(*fsm.Result).Multi {
 					if r.Err != nil || len(r.Published) != 1 || r.Published[0].Duplicate {
 						b.Fatalf("publish result %+v", r)
 					}
@@ -103,14 +104,14 @@ func BenchmarkFSMApplyBatch(b *testing.B) {
 				b.StopTimer()
 				check()
 				k := min(batch, b.N-done)
-				multi := &raftfsm.Command{Op: raftfsm.OpMulti, Now: now, Batch: make([]*raftfsm.Command, k)}
+				multi := &command.Command{Op: command.OpMulti, Now: now, Batch: make([]*command.Command, k)}
 				for j := range multi.Batch {
 					m := &mlog.Message{PublishedAt: now, MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: val}
 					if keyed {
 						key = randomKey(key[:0], uint64(done+j))
 						m.IdempotencyKey = string(key)
 					}
-					multi.Batch[j] = &raftfsm.Command{Op: raftfsm.OpPublish, Now: now, Topic: "t", Msgs: []mlog.Placed{{Msg: m}}}
+					multi.Batch[j] = &command.Command{Op: command.OpPublish, Now: now, Topic: "t", Msgs: []mlog.Placed{{Msg: m}}}
 				}
 				logs := entry(multi)
 				b.StartTimer()

@@ -2,13 +2,15 @@ package raftfsm
 
 import (
 	"bytes"
-	"encoding/binary"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/hashicorp/raft"
-	bolt "go.etcd.io/bbolt"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 )
 
 // PrepareRestore installs the backup as a snapshot at the backup's applied
@@ -17,23 +19,24 @@ import (
 // voter, and no node addresses of the old cluster.
 func TestPrepareRestoreSnapshot(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "state.db")
-	db, err := bolt.Open(src, 0o600, nil)
+	f, err := fsm.OpenFSM(src, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		m, _ := tx.CreateBucket(bktMeta)
-		n, _ := tx.CreateBucket(bktNodes)
-		_ = n.Put([]byte("old1"), []byte("x"))
-		_ = m.Put(keyTerm, binary.BigEndian.AppendUint64(nil, 9))
-		return m.Put(keyApplied, binary.BigEndian.AppendUint64(nil, 42))
-	})
-	db.Close()
+	old := &command.Command{Op: command.OpSetNode, Now: 1, Node: command.NodeInfo{ID: "old1"}}
+	if r, _ := f.Apply(&raft.Log{Index: 42, Term: 9, Type: raft.LogCommand, Data: old.Encode()}).(*fsm.Result); r == nil || r.Err != nil {
+		t.Fatalf("apply: %+v", r)
+	}
+	b, err := f.Backup(t.TempDir(), func(int64) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	backup, err := os.ReadFile(src)
+	backup, err := io.ReadAll(b.File)
+	b.File.Close()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "new")
@@ -58,28 +61,21 @@ func TestPrepareRestoreSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	restored := filepath.Join(t.TempDir(), "restored.db")
-	f, _ := os.Create(restored)
-	_, err = f.ReadFrom(rc)
-	rc.Close()
-	f.Close()
+	// Restored as the node's first start restores it: into a new fsm.db.
+	r, err := fsm.OpenFSM(filepath.Join(t.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err = bolt.Open(restored, 0o600, nil)
-	if err != nil {
+	if err := r.Restore(rc); err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	_ = db.View(func(tx *bolt.Tx) error {
-		if i, term := metaApplied(tx); i != 42 || term != 1 {
-			t.Errorf("restored state: applied %d term %d; want 42, 1", i, term)
-		}
-		if k, _ := tx.Bucket(bktNodes).Cursor().First(); k != nil {
-			t.Errorf("restored state keeps the old node %q", k)
-		}
-		return nil
-	})
+	defer r.Close()
+	if i, term := r.AppliedIndexTerm(); i != 42 || term != 1 {
+		t.Errorf("restored state: applied %d term %d; want 42, 1", i, term)
+	}
+	if nodes := r.Nodes(); len(nodes) != 0 {
+		t.Errorf("restored state keeps the old nodes %v", nodes)
+	}
 	// Not empty any more: a second restore into it is refused.
 	if _, err := PrepareRestore(dir, bytes.NewReader(backup), "r1", "127.0.0.1:9"); err == nil {
 		t.Error("a restore into a used data dir succeeded")

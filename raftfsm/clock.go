@@ -16,7 +16,7 @@ import (
 // clock as followed by the monotonic clock) into every command, so a
 // leader whose clock is far off would expire dedup keys and leases early
 // (ahead) or late (behind). The defences:
-//   - the FSM never lets time go backwards (fsm.go, clampNow);
+//   - the FSM never lets time go backwards (fsm/fsm.go, clampNow);
 //   - the service clock follows a wall clock stepped while running at 1 %
 //     only (timeline.go);
 //   - every node measures its wall clock against the others' on the status

@@ -1,10 +1,7 @@
 package raftfsm
 
 import (
-	"errors"
 	"testing"
-
-	"github.com/hashicorp/raft"
 )
 
 func TestParseMinFree(t *testing.T) {
@@ -42,31 +39,6 @@ func TestParseMinFree(t *testing.T) {
 		}
 	}
 }
-
-// A batch the state file cannot take stops the process with status 1
-// (after a log line) rather than skipping it or panicking first.
-func TestStorageErrorStops(t *testing.T) {
-	h := mustFSM(t)
-	code := -1
-	exit = func(c int) { code = c; panic(errStopped) }
-	defer func() { exit = osExit }()
-	h.f.stopCheckpoints()
-	h.f.releasePin()
-	h.f.db.Close() // every write now fails
-	func() {
-		defer func() {
-			if r := recover(); r != errStopped {
-				t.Fatalf("recovered %v, want the stop", r)
-			}
-		}()
-		h.f.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: (&Command{Op: OpPutTopic, Topic: "t"}).Encode()}})
-	}()
-	if code != 1 {
-		t.Fatalf("exit code %d, want 1", code)
-	}
-}
-
-var errStopped = errors.New("stopped")
 
 // raft-wal's segments are a 16th of the filesystem at most, between 1 and
 // 64 MiB.

@@ -40,8 +40,8 @@ func (g guardedLog) IsMonotonic() bool {
 
 // StoreLogs refuses an entry at the applied index with another term.
 func (g guardedLog) StoreLogs(logs []*raft.Log) error {
-	if len(logs) > 0 && logs[0].Index <= g.n.FSM.appliedFloor() {
-		idx, term := g.n.FSM.lostEvidence()
+	if len(logs) > 0 && logs[0].Index <= g.n.FSM.AppliedFloor() {
+		idx, term := g.n.FSM.LostEvidence()
 		for _, l := range logs {
 			if l.Index == idx && l.Term != term {
 				why := fmt.Sprintf("a leader sent an entry at index %d with term %d, where the state applied term %d", idx, l.Term, term)
@@ -58,7 +58,7 @@ func (g guardedLog) StoreLog(l *raft.Log) error { return g.StoreLogs([]*raft.Log
 
 // DeleteRange refuses to clear applied entries no snapshot covers.
 func (g guardedLog) DeleteRange(lo, hi uint64) error {
-	if applied := g.n.FSM.appliedFloor(); lo <= applied {
+	if applied := g.n.FSM.AppliedFloor(); lo <= applied {
 		snap, err := g.n.latestSnapshotIndex()
 		if err != nil {
 			return err

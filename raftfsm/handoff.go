@@ -2,10 +2,10 @@ package raftfsm
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/replica"
 )
 
 // Graceful stop of a leader: stop proposing, let the proposals in flight
@@ -23,7 +23,7 @@ func (n *Node) enter() error {
 	n.inflight.Add(1)
 	if n.handoff.Load() {
 		n.inflight.Add(-1)
-		return ErrNotLeader
+		return replica.ErrNotLeader
 	}
 	return nil
 }
@@ -64,10 +64,6 @@ func (n *Node) HandOff(ctx context.Context) {
 		}
 	}
 }
-
-// isTransferring is raft's refusal of a proposal during a leadership
-// transfer: nothing was appended.
-func isTransferring(err error) bool { return errors.Is(err, raft.ErrLeadershipTransferInProgress) }
 
 func pauseCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 )
 
 // Status is what a node tells peers that are forming or joining a cluster
 // (GET /v1/internal/status).
 type Status struct {
-	NodeInfo
+	command.NodeInfo
 	Bootstrapped  bool   `json:"bootstrapped"`
 	LeaderKnown   bool   `json:"leader_known"`
 	State         string `json:"state"`
@@ -45,7 +48,7 @@ func (n *Node) Status() Status {
 	_, _, known := n.Leader()
 	st := Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
-		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: StateFormat, StateFormat: n.FSM.StateFormat(),
+		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: fsm.StateFormat, StateFormat: n.FSM.StateFormat(),
 		DiskLow: n.disk.lowNow(), DiskKeep: n.disk.need.Load()}
 	if st.DiskKeep > 0 {
 		st.DiskFree = n.disk.free.Load()
@@ -68,7 +71,7 @@ func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
 	client := n.peerClient(2 * time.Second)
 	defer client.CloseIdleConnections()
 	if !n.hadState && len(peers) == 0 {
-		if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
+		if err := n.Bootstrap([]command.NodeInfo{n.Info()}); err != nil {
 			return fmt.Errorf("bootstrap: %w", err)
 		}
 	}
@@ -129,7 +132,7 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 	if n.Status().Bootstrapped || len(peers) == 0 {
 		return errors.New("in a cluster, but no leader with a recorded address is known") // an election
 	}
-	found := []NodeInfo{n.Info()}
+	found := []command.NodeInfo{n.Info()}
 	var errs []error
 	for _, p := range peers {
 		if p == n.cfg.HTTPAddr {
@@ -149,9 +152,9 @@ func (n *Node) formStep(ctx context.Context, client *http.Client, peers []string
 		found = append(found, st.NodeInfo)
 	}
 	if expect > 0 && len(found) >= expect {
-		slices.SortFunc(found, func(a, b NodeInfo) int { return cmpStr(a.ID, b.ID) })
+		slices.SortFunc(found, func(a, b command.NodeInfo) int { return cmpStr(a.ID, b.ID) })
 		found = found[:expect]
-		if !slices.ContainsFunc(found, func(x NodeInfo) bool { return x.ID == n.cfg.ID }) {
+		if !slices.ContainsFunc(found, func(x command.NodeInfo) bool { return x.ID == n.cfg.ID }) {
 			return errors.New("waiting for the nodes with the lowest ids to bootstrap the cluster")
 		}
 		n.logger.Info("bootstrapping cluster", "servers", len(found))
@@ -195,7 +198,7 @@ func (n *Node) getStatus(ctx context.Context, c *http.Client, addr string) (Stat
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
-func (n *Node) postJoin(ctx context.Context, c *http.Client, addr string, info NodeInfo) error {
+func (n *Node) postJoin(ctx context.Context, c *http.Client, addr string, info command.NodeInfo) error {
 	body, _ := json.Marshal(info)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.peerURL(addr, "/v1/internal/join"), bytes.NewReader(body))
 	if err != nil {

@@ -2,12 +2,10 @@ package raftfsm
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
-	"github.com/mqd/mqd/dedup"
-	"github.com/mqd/mqd/group"
-	mlog "github.com/mqd/mqd/log"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -20,15 +18,10 @@ const (
 	// a sweep as soon as a lease is due.
 	sweepEvery     = time.Second
 	retentionEvery = time.Second
-	sweepBatch     = 512
 	replayEvery    = 100 * time.Millisecond
-	// dedupBatch bounds one dedup-expiry command, so that expiry never
-	// stops the world: a large backlog of due keys goes in many commands.
-	dedupBatch  = 2048
-	dedupRounds = 16
 	// clockCheckEvery: how often a leader checks its clock against the
 	// cluster's (the probes measure every 500 ms), and whether it can
-	// raise the state format (format.go).
+	// raise the state format (formatraise.go).
 	clockCheckEvery = time.Second
 )
 
@@ -44,7 +37,7 @@ func (n *Node) Run(ctx context.Context) {
 			stop()
 		}
 	}()
-	go n.batch.run(ctx)
+	go n.batch.Run(ctx)
 	go n.snapshotLoop(ctx)
 	go n.watch(ctx)
 	go n.probeLoop(ctx)
@@ -121,17 +114,10 @@ func (n *Node) leaderLoop(ctx context.Context) {
 	defer sweep.Stop()
 	ret := time.NewTicker(retentionEvery)
 	defer ret.Stop()
-	if err := n.replays.start(func() ([]TopicGroup, error) { return queuedReplays(n.FSM) }); err != nil {
-		n.logger.Error("rebuild the set of queued replays", "err", err)
-	}
-	defer n.replays.stop()
-	if err := n.trims.start(func() ([]string, error) { return allTopics(n.FSM) }); err != nil {
-		n.logger.Error("list topics to check for trimming", "err", err)
-	}
-	defer n.trims.stop()
+	n.keep.Start()
+	defer n.keep.Stop()
 	replay := time.NewTicker(replayEvery)
 	defer replay.Stop()
-	pacer := map[string]*replayPacer{}
 	clockCheck := time.NewTicker(clockCheckEvery)
 	defer clockCheck.Stop()
 	for {
@@ -148,200 +134,24 @@ func (n *Node) leaderLoop(ctx context.Context) {
 			}
 			n.checkFormat(ctx, warned)
 		case <-sweep.C:
-			n.sweepLeases(ctx)
+			n.keep.SweepLeases(ctx)
 		case <-n.sched.kick:
-			n.sweepLeases(ctx)
+			n.keep.SweepLeases(ctx)
 		case <-ret.C:
-			n.enforceRetention(ctx)
-			n.expireDedup(ctx)
+			n.keep.EnforceRetention(ctx)
+			n.keep.ExpireDedup(ctx)
 		case <-replay.C:
-			n.paceReplays(ctx, pacer)
+			n.keep.PaceReplays(ctx)
 		}
 	}
 }
 
-// holdsMessages reports whether any partition of l retains a message.
-func holdsMessages(l *mlog.Log) bool {
-	for p := uint32(0); p < l.Cfg.Partitions; p++ {
-		if part, err := l.Partition(p); err != nil || part.Meta.First < part.Meta.Next {
-			return true
-		}
-	}
-	return false
-}
+// leaderGroup is the replicated group as the leader's housekeeping sees
+// it (housekeep.Group): reads of the applied state, and proposals.
+type leaderGroup struct{ n *Node }
 
-// sweepLeases proposes the expiry of every lease past its deadline.
-func (n *Node) sweepLeases(ctx context.Context) {
-	for ctx.Err() == nil {
-		now := Now().UnixMilli()
-		var due []group.Expired
-		err := n.FSM.View(func(tx *bolt.Tx) error {
-			var err error
-			due, err = group.DueLeases(tx, now, sweepBatch)
-			return err
-		})
-		if err != nil {
-			n.logger.Error("lease sweep", "err", err)
-			return
-		}
-		if len(due) == 0 {
-			return
-		}
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = n.Apply(actx, &Command{Op: OpExpire, Now: now, Expired: due, NodeID: n.cfg.ID, Rands: draw(len(due))})
-		cancel()
-		if err != nil {
-			n.logger.Warn("propose lease expiry", "err", err)
-			return
-		}
-		if len(due) < sweepBatch {
-			return
-		}
-	}
-}
+func (g leaderGroup) View(fn func(tx *bolt.Tx) error) error { return g.n.FSM.View(fn) }
 
-// enforceRetention proposes a trim for each topic that retention would trim.
-func (n *Node) enforceRetention(ctx context.Context) {
-	now := Now().UnixMilli()
-	var topics []string
-	cands := n.trims.list()
-	if len(cands) == 0 {
-		return
-	}
-	err := n.FSM.View(func(tx *bolt.Tx) error {
-		for _, t := range cands {
-			l, err := mlog.Open(tx, t)
-			if err != nil { // deleted
-				n.trims.remove(t)
-				continue
-			}
-			plan, err := TrimPlan(tx, l, now)
-			if err != nil {
-				return err
-			}
-			if len(plan) > 0 {
-				topics = append(topics, t) // the trim touches it: checked again
-			} else if l.Cfg.RetentionMs == 0 || !holdsMessages(l) {
-				// Only time can make a trim due here, and only with
-				// retention_ms: otherwise a command on the topic will.
-				n.trims.remove(t)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		n.logger.Error("retention plan", "err", err)
-		return
-	}
-	for _, t := range topics {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpTrim, Now: now, Topic: t})
-		cancel()
-		if err != nil {
-			n.logger.Warn("propose trim", "topic", t, "err", err)
-			return
-		}
-	}
-}
-
-// expireDedup proposes the removal of dedup entries whose window passed,
-// oldest first, a bounded batch per command.
-func (n *Node) expireDedup(ctx context.Context) {
-	for range dedupRounds {
-		now := Now().UnixMilli()
-		due := false
-		_ = n.FSM.View(func(tx *bolt.Tx) error {
-			due = dedup.HasDue(tx, now)
-			return nil
-		})
-		if !due || ctx.Err() != nil {
-			return
-		}
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpDedupExpire, Now: now, Max: dedupBatch})
-		cancel()
-		if err != nil {
-			n.logger.Warn("propose dedup expiry", "err", err)
-			return
-		}
-	}
-}
-
-// draw returns n random numbers for jitter; the FSM scales them.
-func draw(n int) []uint32 {
-	rs := make([]uint32, n)
-	for i := range rs {
-		rs[i] = rand.Uint32()
-	}
-	return rs
-}
-
-// replayPacer is a token bucket for one group's dead-letter replay.
-type replayPacer struct {
-	last   time.Time
-	tokens float64
-}
-
-// paceReplays moves queued dead letters back into delivery at each
-// replay's rate: the queue is replicated state, the pacing is the leader's
-// (a new leader picks the replay up where the log says it is).
-func (n *Node) paceReplays(ctx context.Context, pacers map[string]*replayPacer) {
-	type job struct {
-		topic, group string
-		rate         uint64
-	}
-	var jobs []job
-	cands := n.replays.list()
-	if len(cands) == 0 {
-		clear(pacers)
-		return
-	}
-	_ = n.FSM.View(func(tx *bolt.Tx) error {
-		for _, tg := range cands {
-			rate := uint64(0)
-			if l, err := mlog.Open(tx, tg.Topic); err == nil {
-				if g, err := group.Open(tx, l, tg.Group, false, 0); err == nil {
-					if store, err := g.DeadLetters(); err == nil {
-						rate = store.ReplayRate()
-					}
-				}
-			}
-			if rate == 0 { // queue empty, or the group or topic is gone
-				n.replays.remove(tg)
-				continue
-			}
-			jobs = append(jobs, job{tg.Topic, tg.Group, rate})
-		}
-		return nil
-	})
-	now := Now()
-	active := map[string]bool{}
-	for _, j := range jobs {
-		key := j.topic + "\x00" + j.group
-		active[key] = true
-		p := pacers[key]
-		if p == nil {
-			p = &replayPacer{last: now}
-			pacers[key] = p
-		}
-		p.tokens = min(p.tokens+now.Sub(p.last).Seconds()*float64(j.rate), max(float64(j.rate)/5, 1))
-		p.last = now
-		if p.tokens < 1 {
-			continue
-		}
-		step := int(p.tokens)
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := n.Apply(actx, &Command{Op: OpReplayStep, Now: now.UnixMilli(), Topic: j.topic, Group: j.group, Max: uint32(step)})
-		cancel()
-		if err != nil {
-			n.logger.Warn("propose replay step", "topic", j.topic, "group", j.group, "err", err)
-			return
-		}
-		p.tokens -= float64(step)
-	}
-	for k := range pacers {
-		if !active[k] {
-			delete(pacers, k)
-		}
-	}
+func (g leaderGroup) Propose(ctx context.Context, c *command.Command) (*fsm.Result, error) {
+	return g.n.Apply(ctx, c)
 }

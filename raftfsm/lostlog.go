@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/internal/durable"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -160,7 +161,7 @@ func (g *lostGuard) restrict(m lostMark, restores uint64) error {
 		"why", m.Reason, "must_hold_index", m.Index, "term", m.Term, "diverged", m.Diverged, "record", path)
 	b, err := json.Marshal(m)
 	if err == nil {
-		err = writeFileSync(path, append(b, '\n'))
+		err = durable.WriteFileSync(path, append(b, '\n'))
 	}
 	if err != nil {
 		return fmt.Errorf("record lost entries in %s: %w", path, err)
@@ -179,7 +180,7 @@ func (g *lostGuard) lift(why string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove lost-entries record: %w", err)
 	}
-	if err := syncDir(g.dir); err != nil {
+	if err := durable.SyncDir(g.dir); err != nil {
 		return fmt.Errorf("remove lost-entries record: %w", err)
 	}
 	g.logger.Info("caught up past the raft log entries this node had lost: it votes and stands for election again",
@@ -195,7 +196,7 @@ func (n *Node) checkLostAtOpen(applied, term uint64, snaps raft.SnapshotStore) e
 	if applied == 0 {
 		return nil
 	}
-	last, err := n.stores.log.LastIndex()
+	last, err := n.stores.Log.LastIndex()
 	if err != nil {
 		return fmt.Errorf("raft log store: %w", err)
 	}
@@ -251,7 +252,7 @@ func (n *Node) caughtUpPastLost() string {
 		return ""
 	}
 	var l raft.Log
-	err := n.stores.log.GetLog(m.Index, &l)
+	err := n.stores.Log.GetLog(m.Index, &l)
 	switch {
 	case err == nil && l.Term == m.Term:
 		return fmt.Sprintf("the log holds index %d at term %d, as the state applied it", m.Index, m.Term)
@@ -266,7 +267,7 @@ func (n *Node) caughtUpPastLost() string {
 // diverged restricts the node for good: the cluster's log differs from the
 // one its state applied.
 func (n *Node) diverged(why string) {
-	idx, term := n.FSM.appliedIndexTerm()
+	idx, term := n.FSM.AppliedIndexTerm()
 	if err := n.lost.restrict(lostMark{Index: idx, Term: term, Reason: why, Diverged: true}, n.FSM.Restores()); err != nil {
 		n.logger.Error("recording the divergence", "err", err)
 	}
@@ -290,26 +291,6 @@ func (n *Node) leadGate(ctx context.Context) bool {
 		}
 	}
 	return true
-}
-
-// lostEvidence is the highest applied index (and its term) this node's
-// state is known to have reached before this start: the index its log
-// must back. That is the state as opened, or, when OpenFSM rolled the
-// file back to its checkpoint, what its live tree had applied before
-// (evidence.go): otherwise a log that lost its tail goes unnoticed.
-func (f *FSM) lostEvidence() (index, term uint64) {
-	index, term = f.appliedIndexTerm()
-	if f.live[0] > index {
-		return f.live[0], f.live[1]
-	}
-	return index, term
-}
-
-// appliedIndexTerm is the applied index and term the state records.
-func (f *FSM) appliedIndexTerm() (index, term uint64) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.storedApplied()
 }
 
 // lostCollectors are the restriction's metrics.

@@ -10,6 +10,10 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/replica"
 )
 
 // lostHarness is a node's FSM (at index 5, term 2), log store (raft's
@@ -18,7 +22,7 @@ import (
 func lostHarness(t *testing.T) (*Node, string) {
 	t.Helper()
 	dir := t.TempDir()
-	f, err := OpenFSM(filepath.Join(dir, "fsm.db"), slog.New(slog.DiscardHandler))
+	f, err := fsm.OpenFSM(filepath.Join(dir, "fsm.db"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +30,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 	var logs []*raft.Log
 	for i := uint64(1); i <= 5; i++ {
 		logs = append(logs, &raft.Log{Index: i, Term: 2, Type: raft.LogCommand,
-			Data: (&Command{Op: OpSetNode, Node: NodeInfo{ID: "n1", HTTPAddr: "a", RaftAddr: "b"}}).Encode()})
+			Data: (&command.Command{Op: command.OpSetNode, Node: command.NodeInfo{ID: "n1", HTTPAddr: "a", RaftAddr: "b"}}).Encode()})
 	}
 	f.ApplyBatch(logs)
 	store := raft.NewInmemStore()
@@ -42,7 +46,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 		t.Fatal(err)
 	}
 	n := &Node{FSM: f, snaps: snaps, lost: lost, logger: slog.New(slog.DiscardHandler),
-		stores: &raftStores{log: store}}
+		stores: &replica.Stores{Log: store}}
 	return n, dir
 }
 
@@ -52,7 +56,7 @@ func lostHarness(t *testing.T) (*Node, string) {
 // record.
 func TestLostEntriesRecordedAtOpen(t *testing.T) {
 	n, dir := lostHarness(t)
-	idx, term := n.FSM.appliedIndexTerm()
+	idx, term := n.FSM.AppliedIndexTerm()
 	if err := n.checkLostAtOpen(idx, term, n.snaps); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +99,7 @@ func TestLostEntriesNotAtOpenWhenLogHoldsThem(t *testing.T) {
 // index is done.
 func TestGuardedLogRefusesClearingApplied(t *testing.T) {
 	n, dir := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	if err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 2}, {Index: 5, Term: 2}, {Index: 6, Term: 2}, {Index: 7, Term: 2}}); err != nil {
 		t.Fatalf("storing the applied entries at their own term: %v", err)
 	}
@@ -126,7 +130,7 @@ func TestGuardedLogRefusesClearingApplied(t *testing.T) {
 // another history); entries below it pass (they are checked by that one).
 func TestGuardedLogRefusesOtherTermAtApplied(t *testing.T) {
 	n, _ := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 3}, {Index: 5, Term: 3}})
 	if !errors.Is(err, errLostEntries) {
 		t.Fatalf("storing term 3 at the applied index 5 (applied at term 2): %v", err)
@@ -153,7 +157,7 @@ func TestGuardedLogAllowsCompaction(t *testing.T) {
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g := guardedLog{LogStore: n.stores.log, n: n}
+	g := guardedLog{LogStore: n.stores.Log, n: n}
 	if err := g.DeleteRange(1, 3); err != nil {
 		t.Fatalf("compaction: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	gometrics "github.com/hashicorp/go-metrics"
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,8 +20,8 @@ import (
 // next to the state's per-group gauges.
 type nodeMetrics struct {
 	mu      sync.Mutex
-	tallies map[TopicGroup]*TallyAt
-	applied func() uint64 // the FSM's applied index
+	tallies map[fsm.TopicGroup]*TallyAt
+	applied func() uint64 // the fsm.FSM's applied index
 
 	leaderChanges prometheus.Counter
 	snapshots     prometheus.Counter
@@ -31,7 +32,7 @@ type nodeMetrics struct {
 	// within twice that).
 	snapshotWritten prometheus.Counter
 	// recoveries counts the decisions taken about damaged or untrusted
-	// files (damage.go), by reason.
+	// files (fsm/damage.go), by reason.
 	recoveries *prometheus.CounterVec
 }
 
@@ -46,7 +47,7 @@ type TallyAt struct {
 
 func newNodeMetrics() *nodeMetrics {
 	return &nodeMetrics{
-		tallies: map[TopicGroup]*TallyAt{},
+		tallies: map[fsm.TopicGroup]*TallyAt{},
 		applied: func() uint64 { return 0 },
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_raft_leader_changes_total",
 			Help: "Times this node saw the cluster's leader change (including to none)."}),
@@ -66,7 +67,7 @@ func newNodeMetrics() *nodeMetrics {
 
 // tally adds a batch's events to the sums (called after the batch is
 // applied, so the applied index covers it).
-func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
+func (m *nodeMetrics) tally(ts map[fsm.TopicGroup]*group.Tally) {
 	at := m.applied()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -86,11 +87,11 @@ func (m *nodeMetrics) tally(ts map[TopicGroup]*group.Tally) {
 
 // GroupTallies answers a copy of the per-group sums of applied events
 // (only groups that had any).
-func (n *Node) GroupTallies() map[TopicGroup]TallyAt {
+func (n *Node) GroupTallies() map[fsm.TopicGroup]TallyAt {
 	m := n.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[TopicGroup]TallyAt, len(m.tallies))
+	out := make(map[fsm.TopicGroup]TallyAt, len(m.tallies))
 	for k, t := range m.tallies {
 		out[k] = *t
 	}
@@ -100,7 +101,7 @@ func (n *Node) GroupTallies() map[TopicGroup]TallyAt {
 // DropGroupTallies forgets the sums of groups that a view of the state
 // at applied index upTo did not hold (deleted groups), unless events were
 // added to them after upTo (a group created since).
-func (n *Node) DropGroupTallies(keys []TopicGroup, upTo uint64) {
+func (n *Node) DropGroupTallies(keys []fsm.TopicGroup, upTo uint64) {
 	m := n.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -158,7 +159,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 // Collectors returns the node's Prometheus collectors.
 func (n *Node) Collectors() []prometheus.Collector {
 	m := n.metrics
-	cs := []prometheus.Collector{n.batch.size, n.batch.queue, n.batch.raft,
+	cs := append(n.batch.Collectors(),
 		m.leaderChanges, m.snapshots, m.snapshotTime, m.snapshotBytes, m.snapshotWritten, m.recoveries,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_applied_bytes_total",
 			Help: "Bytes of raft log entries this node applied since it started."},
@@ -169,7 +170,7 @@ func (n *Node) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mqd_raft_snapshot_restores_total",
 			Help: "Snapshots this node restored (at start, or sent by the leader)."},
 			func() float64 { return float64(n.FSM.Restores()) }),
-		raftTimings.commit, raftTimings.apply, nodeCollector{n}}
+		raftTimings.commit, raftTimings.apply, nodeCollector{n})
 	cs = append(cs, n.clockCollectors()...)
 	cs = append(cs, n.lostCollectors()...)
 	return append(cs, n.disk.collectors()...)

@@ -14,6 +14,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/housekeep"
+	"github.com/mqd/mqd/internal/durable"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 )
 
@@ -70,10 +75,10 @@ func (c *Config) Validate() error {
 	}
 	switch c.RaftLog {
 	case "":
-		c.RaftLog = LogStoreWAL
-	case LogStoreWAL, LogStoreBolt:
+		c.RaftLog = replica.LogStoreWAL
+	case replica.LogStoreWAL, replica.LogStoreBolt:
 	default:
-		return fmt.Errorf("raft log store %q: want %s or %s", c.RaftLog, LogStoreWAL, LogStoreBolt)
+		return fmt.Errorf("raft log store %q: want %s or %s", c.RaftLog, replica.LogStoreWAL, replica.LogStoreBolt)
 	}
 	return nil
 }
@@ -82,9 +87,9 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg        Config
 	Raft       *raft.Raft
-	FSM        *FSM
-	trans      *voteGate // raft's TCP transport, kept out of elections while lost is restricted
-	stores     *raftStores
+	FSM        *fsm.FSM
+	trans      *replica.VoteGate // raft's TCP transport, kept out of elections while lost is restricted
+	stores     *replica.Stores
 	lost       *lostGuard // lostlog.go
 	dirLock    *dirLock   // held from Open to Shutdown
 	disk       *diskGuard
@@ -102,11 +107,10 @@ type Node struct {
 	idRecorded atomic.Bool // the data dir records this node's id (nodeid.go)
 	idWarned   atomic.Bool // recording it failed and was logged once
 	logger     *slog.Logger
-	batch      *batcher
+	batch      *replica.Batcher
 	sched      *scheduler
-	replays    *workSet[TopicGroup] // groups with a replay queued
-	trims      *workSet[string]     // topics that may need trimming
-	serving    atomic.Bool          // leader with its FSM caught up (after the term's barrier)
+	keep       *housekeep.Keeper // the leader's housekeeping (lease sweeps, trims, dedup expiry, replays)
+	serving    atomic.Bool       // leader with its FSM caught up (after the term's barrier)
 	snaps      *raft.FileSnapshotStore
 	metrics    *nodeMetrics
 	observed   chan raft.Observation
@@ -119,7 +123,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	_, existing, err := detectLogStore(cfg.DataDir)
+	_, existing, err := replica.DetectLogStore(cfg.DataDir)
 	if err != nil || !existing {
 		if err == nil {
 			err = ValidateNodeID(cfg.ID) // a new node: before any file is made
@@ -152,9 +156,9 @@ func Open(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.batch = newBatcher(n)
-	hlog := newHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
-	n.stores, err = openRaftStores(cfg.DataDir, cfg.RaftLog, cfg.Logger, hlog)
+	n.batch = replica.NewBatcher(n.propose)
+	hlog := replica.NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (replica/hclog.go)
+	n.stores, err = replica.OpenStores(cfg.DataDir, cfg.RaftLog, walSegmentSize(cfg.DataDir), cfg.Logger, hlog)
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -173,49 +177,48 @@ func Open(cfg Config) (*Node, error) {
 	n.snaps = snaps
 	// What the log and snapshots can bring the state back to: OpenFSM
 	// keeps a copy of a live tree that is ahead of it before it rolls the
-	// file back to its checkpoint (evidence.go).
-	backed, err := logBacks(n.stores.log, snaps)
+	// file back to its checkpoint (fsm/evidence.go).
+	backed, err := fsm.LogBacks(n.stores.Log, snaps)
 	if err != nil {
 		n.closeStores()
 		return nil, err
 	}
-	fsm, err := OpenFSMBacked(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger, backed)
+	sm, err := fsm.OpenFSMBacked(filepath.Join(cfg.DataDir, "fsm.db"), cfg.Logger, backed)
 	if err != nil {
 		n.closeStores()
 		return nil, err
 	}
-	n.FSM = fsm
-	removeCompactLeftover(fsm.path)
-	fsm.compactIfSparse(n.disk.isLow(0))        // compact.go
-	n.disk.countSnapshots(fsm.NextSnapshotSize) // compact.go
-	n.checkClockAtStart(fsm.Now())              // before anything records the clock again
-	fsm.OnRecovery(n.metrics.recovery)
-	n.metrics.applied = fsm.AppliedIndex
-	fsm.Tally = n.metrics.tally
+	n.FSM = sm
+	sm.CompactAtStart(n.disk.isLow(0))         // fsm/compact.go
+	n.disk.countSnapshots(sm.NextSnapshotSize) // compact.go
+	n.checkClockAtStart(sm.Now())              // before anything records the clock again
+	sm.OnRecovery(n.metrics.recovery)
+	n.metrics.applied = sm.AppliedIndex
+	sm.Tally = n.metrics.tally
 	n.sched = newScheduler(n)
-	n.replays, n.trims = &workSet[TopicGroup]{}, &workSet[string]{}
-	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.replays.add, n.trims.add
-	if n.stores.kind == LogStoreWAL {
+	n.keep = housekeep.New(leaderGroup{n}, cfg.ID, Now, n.logger)
+	n.FSM.ReplayQueued, n.FSM.TopicsTouched = n.keep.ReplayQueued, n.keep.TopicsTouched
+	if n.stores.Kind == replica.LogStoreWAL {
 		n.disk.reserve(uint64(walSegmentSize(cfg.DataDir))) // raft-wal preallocates each segment whole
 	}
 	// Entries up to the log's end were applied before this start: replaying
 	// them must not count on /metrics again. A state machine opened as it
 	// was skips what it holds, and applies (and counts) only what is newer.
-	last, err := n.stores.log.LastIndex()
+	last, err := n.stores.Log.LastIndex()
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
-	applied, appliedTerm := fsm.lostEvidence() // how far the state got before this start (lostlog.go)
-	if o := fsm.OpenedIndex(); o > 0 {
+	applied, appliedTerm := sm.LostEvidence() // how far the state got before this start (fsm/lostlog.go)
+	if o := sm.OpenedIndex(); o > 0 {
 		last = o
 	}
-	fsm.TallyFrom.Store(last)
+	sm.TallyFrom.Store(last)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
 	// Raft writes the log through guardedLog, which refuses to replace
 	// entries the state applied (guardlog.go).
-	logs, err := raft.NewLogCache(64, guardedLog{LogStore: n.stores.log, n: n})
+	logs, err := raft.NewLogCache(64, guardedLog{LogStore: n.stores.Log, n: n})
 	if err != nil {
 		n.closeStores()
 		return nil, err
@@ -242,7 +245,7 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}
-	n.trans = newVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
+	n.trans = replica.NewVoteGate(nt, raft.ServerID(cfg.ID), n.lost.restricted, n.lost.diverged, cfg.Logger)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog
@@ -252,14 +255,14 @@ func Open(cfg Config) (*Node, error) {
 	// 4 MiB; only a single large command (up to 17 MiB) makes one larger.
 	// With 1024, a follower catching up received and decoded up to 1024
 	// batched entries of up to 4 MiB at once (2.0 GB RSS for 300 MB).
-	rc.MaxAppendEntries = maxAppendEntries
-	rc.SnapshotThreshold = raftSnapshotOff // snapshotLoop decides (snapshots.go)
+	rc.MaxAppendEntries = replica.MaxAppendEntries
+	rc.SnapshotThreshold = replica.RaftSnapshotOff // snapshotLoop decides (snapshots.go)
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.HeartbeatTimeout = 1500 * time.Millisecond
 	rc.ElectionTimeout = 1500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
-	n.hadState, err = raft.HasExistingState(logs, n.stores.stable, snaps)
+	n.hadState, err = raft.HasExistingState(logs, n.stores.Stable, snaps)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -272,7 +275,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	installRaftSink()
-	n.Raft, err = raft.NewRaft(rc, fsm, logs, n.stores.stable, snaps, n.trans)
+	n.Raft, err = raft.NewRaft(rc, sm, logs, n.stores.Stable, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.closeStores()
@@ -301,7 +304,7 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 	}
 	if len(list) > 0 && n.FSM.AppliedIndex() < list[0].Index {
 		// raft restores one: set aside those that fail their CRC first.
-		if err := n.setAsideBadSnapshots(snaps); err != nil {
+		if err := replica.SetAsideBadSnapshots(n.cfg.DataDir, snaps, n.logger, n.FSM.RecordRecovery); err != nil {
 			return false, err
 		}
 		if list, err = snaps.List(); err != nil {
@@ -325,7 +328,7 @@ func (n *Node) fsmCoversSnapshot(snaps raft.SnapshotStore) (bool, error) {
 // reaches back to where the raft log starts: raft would fail on the first
 // entry it cannot read. The node then says what to do rather than panic.
 func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
-	first, err := n.stores.log.FirstIndex()
+	first, err := n.stores.Log.FirstIndex()
 	if err != nil || first <= 1 {
 		return err
 	}
@@ -343,15 +346,15 @@ func (n *Node) checkReplayable(list []*raft.SnapshotMeta) error {
 
 // syncDataDirs fsyncs the data dir, wal/ and the snapshot directories.
 func syncDataDirs(dataDir string) error {
-	if err := syncSnapshotDirs(dataDir); err != nil {
+	if err := replica.SyncSnapshotDirs(dataDir); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "wal")); err == nil {
-		if err := syncDir(filepath.Join(dataDir, "wal")); err != nil {
+		if err := durable.SyncDir(filepath.Join(dataDir, "wal")); err != nil {
 			return err
 		}
 	}
-	return syncDir(dataDir)
+	return durable.SyncDir(dataDir)
 }
 
 func (n *Node) closeStores() {
@@ -368,8 +371,8 @@ func (n *Node) closeStores() {
 func (n *Node) ID() string { return n.cfg.ID }
 
 // Info is this node's addresses.
-func (n *Node) Info() NodeInfo {
-	return NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
+func (n *Node) Info() command.NodeInfo {
+	return command.NodeInfo{ID: n.cfg.ID, HTTPAddr: n.cfg.HTTPAddr, RaftAddr: n.cfg.RaftAdvertise}
 }
 
 // IsLeader reports whether this node is the leader now.
@@ -394,64 +397,24 @@ func (n *Node) Leader() (id, httpAddr string, ok bool) {
 
 // Apply proposes a command on the leader and waits for it to be committed
 // on a majority and applied here, or for ctx to end.
-func (n *Node) Apply(ctx context.Context, c *Command) (*Result, error) {
+func (n *Node) Apply(ctx context.Context, c *command.Command) (*fsm.Result, error) {
 	if err := n.enter(); err != nil {
 		return nil, err
 	}
 	defer n.leave()
-	if c.Op == OpLease {
-		defer n.FSM.awaitLease()()
+	if c.Op == command.OpLease {
+		defer n.FSM.AwaitLease()()
 	}
 	f, err := n.propose(ctx, c.Encode())
 	if err != nil {
 		return nil, err
 	}
-	return n.await(ctx, f)
+	return replica.Await(ctx, f)
 }
 
-// propose hands an encoded command to Raft without waiting for it.
+// propose hands an encoded command to raft without waiting for it.
 func (n *Node) propose(ctx context.Context, data []byte) (raft.ApplyFuture, error) {
-	if n.Raft.State() != raft.Leader {
-		return nil, ErrNotLeader
-	}
-	timeout := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-		if timeout <= 0 {
-			return nil, ErrNoQuorum
-		}
-	}
-	return n.Raft.Apply(data, timeout), nil
-}
-
-// await waits for a proposed command to be committed and applied here, or
-// for ctx to end.
-func (n *Node) await(ctx context.Context, f raft.ApplyFuture) (*Result, error) {
-	done := make(chan struct{})
-	go func() { _ = f.Error(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
-	}
-	if err := f.Error(); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader) || isTransferring(err):
-			return nil, ErrNotLeader
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return nil, ErrShutdown
-		default: // leadership lost, enqueue timeout
-			return nil, fmt.Errorf("%w: %w", ErrNoQuorum, err)
-		}
-	}
-	res, _ := f.Response().(*Result)
-	if res == nil {
-		return nil, fmt.Errorf("%w: no result", ErrNoQuorum)
-	}
-	if res.Err != nil {
-		return res, res.Err
-	}
-	return res, nil
+	return replica.Propose(ctx, n.Raft, data)
 }
 
 // WaitLeader waits until some node leads (true) or ctx ends (false).
@@ -487,7 +450,7 @@ func (n *Node) Shutdown() error {
 }
 
 // Bootstrap forms a new cluster of the given servers.
-func (n *Node) Bootstrap(servers []NodeInfo) error {
+func (n *Node) Bootstrap(servers []command.NodeInfo) error {
 	var cfg raft.Configuration
 	for _, s := range servers {
 		cfg.Servers = append(cfg.Servers, raft.Server{ID: raft.ServerID(s.ID), Address: raft.ServerAddress(s.RaftAddr), Suffrage: raft.Voter})
@@ -506,9 +469,9 @@ func (n *Node) Bootstrap(servers []NodeInfo) error {
 // A node not yet in the configuration is asked which state formats its
 // binary reads first, and refused (ErrFormatUnsupported) if not the
 // state's.
-func (n *Node) Join(ctx context.Context, info NodeInfo) error {
+func (n *Node) Join(ctx context.Context, info command.NodeInfo) error {
 	if !n.IsLeader() {
-		return ErrNotLeader
+		return replica.ErrNotLeader
 	}
 	have := false
 	cf := n.Raft.GetConfiguration()
@@ -538,7 +501,7 @@ func (n *Node) Join(ctx context.Context, info NodeInfo) error {
 	if n.FSM.Nodes()[info.ID] == info {
 		return nil
 	}
-	_, err := n.Apply(ctx, &Command{Op: OpSetNode, Now: Now().UnixMilli(), Node: info})
+	_, err := n.Apply(ctx, &command.Command{Op: command.OpSetNode, Now: Now().UnixMilli(), Node: info})
 	return err
 }
 
@@ -566,4 +529,30 @@ func (n *Node) LastSnapshotIndex() uint64 {
 	var idx uint64
 	fmt.Sscan(n.Raft.Stats()["last_snapshot_index"], &idx)
 	return idx
+}
+
+// CommitIndex is the highest log index this node knows committed.
+func (n *Node) CommitIndex() uint64 { return n.Raft.CommitIndex() }
+
+// ApplyBatched is Apply for commands that may share a log entry with
+// others (each is applied on its own; one's failure does not fail another).
+// It encodes c before it waits: from then on c and the buffers it refers
+// to are the caller's again, even if ApplyBatched returns early.
+func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
+	if !n.IsLeader() {
+		return nil, replica.ErrNotLeader
+	}
+	if err := n.enter(); err != nil {
+		return nil, err
+	}
+	defer n.leave()
+	if c.Op == command.OpLease {
+		defer n.FSM.AwaitLease()()
+	}
+	// Encoded here, in the caller's goroutine: the many callers encode in
+	// parallel rather than the batcher one after the other, and once this
+	// returns nothing refers to the caller's buffers (a publish's value may
+	// alias its request body).
+	enc, buf := c.EncodePooled()
+	return n.batch.Submit(ctx, enc, buf)
 }

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/internal/refusal"
+	"github.com/mqd/mqd/replica"
 )
 
 // Every node asks each other member for its /v1/internal/status every
@@ -208,7 +210,7 @@ var ErrNodeIDInUse = refusal.New(409, "node_id_in_use", "node id in use")
 // not answer may be re-addressed this way (moved to another host), and so
 // may one whose answer already names info's raft address (the same node,
 // restarted on a new address).
-func joinIDCheck(servers []raft.Server, info NodeInfo, live func(id string) (raftAddr string, ok bool)) error {
+func joinIDCheck(servers []raft.Server, info command.NodeInfo, live func(id string) (raftAddr string, ok bool)) error {
 	for _, s := range servers {
 		if string(s.ID) != info.ID || string(s.Address) == info.RaftAddr {
 			continue
@@ -325,7 +327,7 @@ func (n *Node) StateName() string {
 // RemoveNode takes member id out of the cluster (on the leader).
 func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	if !n.IsLeader() {
-		return ErrNotLeader
+		return replica.ErrNotLeader
 	}
 	servers, err := n.Servers()
 	if err != nil {
@@ -340,9 +342,9 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	}
 	if err := n.Raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // not accepted: nothing changed
-			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+			return fmt.Errorf("%w: %w", replica.ErrNotLeader, err)
 		}
-		return fmt.Errorf("%w: remove %s: %w", ErrNoQuorum, id, err)
+		return fmt.Errorf("%w: remove %s: %w", replica.ErrNoQuorum, id, err)
 	}
 	n.logger.Info("removed node from the cluster", "id", id)
 	return nil

@@ -138,26 +138,26 @@ func (n *Node) closeReady() {
 	n.ready.hc.CloseIdleConnections()
 }
 
-// appliedTo reports whether the FSM, at fsm, has applied every entry up
+// appliedTo reports whether the FSM, at inState, has applied every entry up
 // to commit. The FSM counts only commands, so it has when raft has handed
-// every entry up to commit on and none after fsm is a command. A snapshot
+// every entry up to commit on and none after inState is a command. A snapshot
 // the FSM holds (one it took, or one installed and restored, which raft
 // counts as applied only once restored) covers what it holds, though its
 // last command may be older (entries before it may be gone from the log).
-func (n *Node) appliedTo(commit, fsm uint64) bool {
-	if fsm >= commit || n.ready.appliedTo.Load() >= commit {
+func (n *Node) appliedTo(commit, inState uint64) bool {
+	if inState >= commit || n.ready.appliedTo.Load() >= commit {
 		return true
 	}
 	applied := n.Raft.AppliedIndex()
 	if applied < commit {
 		return false
 	}
-	if s := n.LastSnapshotIndex(); s > fsm && s <= applied {
-		fsm = s
+	if s := n.LastSnapshotIndex(); s > inState && s <= applied {
+		inState = s
 	}
 	var l raft.Log
-	for i := fsm + 1; i <= commit; i++ {
-		if err := n.stores.log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+	for i := inState + 1; i <= commit; i++ {
+		if err := n.stores.Log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
 			return false
 		}
 	}

@@ -6,6 +6,9 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/replica"
 )
 
 // A node whose latest entries are not commands (barriers, as each new
@@ -13,13 +16,13 @@ import (
 // or whose log before them was compacted into a snapshot, has applied
 // everything committed: it is ready without waiting for the next write.
 func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
-	for _, store := range []string{LogStoreWAL, LogStoreBolt} {
+	for _, store := range []string{replica.LogStoreWAL, replica.LogStoreBolt} {
 		t.Run(store, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			n := openSingleNode(ctx, t, store)
 
-			if _, err := n.Apply(ctx, &Command{Op: OpPutTopic, Now: Now().UnixMilli(), Topic: "t"}); err != nil {
+			if _, err := n.Apply(ctx, &command.Command{Op: command.OpPutTopic, Now: Now().UnixMilli(), Topic: "t"}); err != nil {
 				t.Fatalf("create topic: %v", err)
 			}
 			barriers := func(k int) {
@@ -44,13 +47,13 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 			if err := n.Raft.Snapshot().Error(); err != nil {
 				t.Fatalf("snapshot: %v", err)
 			}
-			if first, err := n.stores.log.FirstIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
+			if first, err := n.stores.Log.FirstIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
 				t.Fatalf("log not compacted past the FSM's last command: first index %d (%v), FSM applied %d", first, err, n.FSM.AppliedIndex())
 			}
 			ready("after a snapshot over the FSM's last command")
 
 			// A run of non-commands longer than one AppendEntries.
-			barriers(3 * maxAppendEntries)
+			barriers(3 * replica.MaxAppendEntries)
 			ready("after a long run of barriers")
 		})
 	}
@@ -82,7 +85,7 @@ func openSingleNode(ctx context.Context, t *testing.T, store string) *Node {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	if err := n.Bootstrap([]NodeInfo{n.Info()}); err != nil {
+	if err := n.Bootstrap([]command.NodeInfo{n.Info()}); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
 	tick := time.NewTicker(5 * time.Millisecond)

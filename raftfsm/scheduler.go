@@ -107,6 +107,6 @@ func (s *scheduler) fire(due []wakeup) {
 		}
 	}
 	if len(topics) > 0 {
-		s.n.FSM.wake(topics)
+		s.n.FSM.Wake(topics)
 	}
 }

@@ -24,7 +24,7 @@ import (
 // slews, a duration measured in state time (a lease, a delay, a dedup or
 // retention window) lasts between 1/1.01 and 1/0.99 of its length in real
 // time. The FSM never reads a clock: it applies the stamped time, clamped
-// so that it never goes back (fsm.go, clampNow), on every replica alike.
+// so that it never goes back (fsm/fsm.go, clampNow), on every replica alike.
 //
 // A node keeps the wall clock it trusts, the service clock and the
 // boot-time clock (CLOCK_BOOTTIME, /proc/uptime: it counts a suspend and

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // browsePage is the answer of GET /v1/topics/{topic}/messages.
@@ -215,7 +215,7 @@ func waitApplied(t *testing.T, c *tc.Cluster) {
 func settled(t *testing.T, l *tc.Node) {
 	t.Helper()
 	_, err := waitView(ctxFor(t, 30*time.Second), l, "state format raised and every address", func(ci tc.ClusterInfo) bool {
-		ok := ci.StateFormat == raftfsm.StateFormat && len(ci.Nodes) == 3
+		ok := ci.StateFormat == fsm.StateFormat && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
 			ok = ok && n.HTTPAddr != ""
 		}

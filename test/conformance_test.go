@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/internal/faultproxy"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // The client conformance suite: every case of clients/conformance/cases.json
@@ -42,7 +42,7 @@ func TestClientConformance(t *testing.T) {
 	c := tc.Start(t, 3)
 	for _, n := range c.Nodes() { // process is refused (503) until the state format is raised
 		if _, err := waitView(ctxFor(t, 30*time.Second), n, "state format 3", func(ci tc.ClusterInfo) bool {
-			return ci.StateFormat >= raftfsm.ProcessFormat
+			return ci.StateFormat >= fsm.ProcessFormat
 		}); err != nil {
 			t.Fatal(err)
 		}

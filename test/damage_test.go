@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -239,7 +239,7 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	// The checkpoint held still (see above), but for the snapshot case:
 	// pages freed meanwhile are not reused, the file grows, and snapshots,
 	// which go by its size, would not come.
-	opts := []tc.Option{tc.WithEnv(raftfsm.TestCheckpointIntervalEnv + "=1h")}
+	opts := []tc.Option{tc.WithEnv(fsm.TestCheckpointIntervalEnv + "=1h")}
 	if dc.snapshots {
 		opts = []tc.Option{tc.WithSnapshot(50, time.Second, 100000)}
 	}

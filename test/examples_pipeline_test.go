@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // pipelineOrders is how many orders the producer publishes.
@@ -45,7 +45,7 @@ func TestExamplesPipeline(t *testing.T) {
 	ctx := ctxFor(t, 4*time.Minute)
 	leader := mustLeader(t, c)
 	for _, n := range c.Nodes() { // process is refused (503) until the state format is raised
-		if _, err := waitView(ctx, n, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= raftfsm.ProcessFormat }); err != nil {
+		if _, err := waitView(ctx, n, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= fsm.ProcessFormat }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // nodeStatus is the part of /v1/internal/status this file reads.
@@ -57,22 +57,22 @@ func TestStateFormatRaised(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	for _, n := range c.Nodes() {
-		st, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", raftfsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == raftfsm.StateFormat })
+		st, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", fsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == fsm.StateFormat })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.StateFormatMax != raftfsm.StateFormat || st.ID != n.ID() {
-			t.Fatalf("%s: status %+v, want state_format_max %d and its own id", n, st, raftfsm.StateFormat)
+		if st.StateFormatMax != fsm.StateFormat || st.ID != n.ID() {
+			t.Fatalf("%s: status %+v, want state_format_max %d and its own id", n, st, fsm.StateFormat)
 		}
-		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != raftfsm.StateFormat {
-			t.Fatalf("%s: mqd_state_format = %v (present %v), want %d", n, v, ok, raftfsm.StateFormat)
+		if v, ok := metricValue(scrape(ctx, t, n), "mqd_state_format", nil); !ok || v != fsm.StateFormat {
+			t.Fatalf("%s: mqd_state_format = %v (present %v), want %d", n, v, ok, fsm.StateFormat)
 		}
 	}
 	// /v1/cluster: the state's format, and what each member reads.
 	_, err := waitView(ctx, c.Node(0), "state format raised, every member reading it", func(ci tc.ClusterInfo) bool {
-		ok := ci.StateFormat == raftfsm.StateFormat && len(ci.Nodes) == 3
+		ok := ci.StateFormat == fsm.StateFormat && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
-			ok = ok && n.StateFormatMax == raftfsm.StateFormat
+			ok = ok && n.StateFormatMax == fsm.StateFormat
 		}
 		return ok
 	})
@@ -103,7 +103,7 @@ func TestJoinRefusedToOlderBinary(t *testing.T) {
 	c := tc.Start(t, 3)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
-	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == raftfsm.StateFormat }); err != nil {
+	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == fsm.StateFormat }); err != nil {
 		t.Fatal(err)
 	}
 	// A raft address nobody listens on: were the node added, the

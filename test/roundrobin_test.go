@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // A consumer fetching one message at a time (and acking it, so its fetches'
@@ -20,7 +20,7 @@ func TestFetchRoundRobinAcrossFetches(t *testing.T) {
 	leader := mustLeader(t, c)
 	// The turn is kept from state format 3 on, raised once every member
 	// has said it reads it.
-	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == raftfsm.StateFormat }); err != nil {
+	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == fsm.StateFormat }); err != nil {
 		t.Fatal(err)
 	}
 	const topic, group = "rr", "g"

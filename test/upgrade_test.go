@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
-	"github.com/mqd/mqd/raftfsm"
 )
 
 // preFormatRelease is the last main before the replicated state had a
@@ -121,7 +121,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	if _, err := waitView(ctx, newLeader, "every member probed, the old one reading format 0", func(ci tc.ClusterInfo) bool {
 		seen := 0
 		for _, x := range ci.Nodes {
-			want := raftfsm.StateFormat
+			want := fsm.StateFormat
 			if x.ID == oldNode.ID() {
 				want = 0
 			}
@@ -199,7 +199,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	// The last member upgraded: the format rises to this binary's everywhere.
 	upgrade(oldNode)
 	for _, n := range c.Nodes() {
-		if _, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", raftfsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == raftfsm.StateFormat }); err != nil {
+		if _, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", fsm.StateFormat), func(st nodeStatus) bool { return st.StateFormat == fsm.StateFormat }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/mqd/mqd/api"
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 )
 
@@ -94,7 +95,7 @@ func serverFlags(o *options) *flag.FlagSet {
 	fs.Uint64Var(&o.snapshotThreshold, flagSnapshotThreshold, 8192, "raft log entries between snapshots of a state under 4 MiB (any state is also snapshotted once the log since the last one holds half its size in bytes)")
 	fs.DurationVar(&o.snapshotInterval, flagSnapshotInterval, 30*time.Second, "how often to check whether to snapshot")
 	fs.Uint64Var(&o.trailingLogs, flagTrailingLogs, 10240, "raft log entries kept after a snapshot, at most (fewer when they hold more than a quarter of the state's size, or 64 MiB if more)")
-	fs.StringVar(&o.raftLog, flagRaftLog, raftfsm.LogStoreWAL, "raft log store of a new data dir: wal (raft-wal segments) or bolt (raft-boltdb); an existing data dir keeps its own")
+	fs.StringVar(&o.raftLog, flagRaftLog, replica.LogStoreWAL, "raft log store of a new data dir: wal (raft-wal segments) or bolt (raft-boltdb); an existing data dir keeps its own")
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, flagLogFormat, "text", "log format: text (logfmt) or json (one object per line)")
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
@@ -161,8 +162,8 @@ func parseFlags(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if o.raftLog != raftfsm.LogStoreWAL && o.raftLog != raftfsm.LogStoreBolt {
-		return nil, fmt.Errorf("--%s: %q is neither %s nor %s", flagRaftLog, o.raftLog, raftfsm.LogStoreWAL, raftfsm.LogStoreBolt)
+	if o.raftLog != replica.LogStoreWAL && o.raftLog != replica.LogStoreBolt {
+		return nil, fmt.Errorf("--%s: %q is neither %s nor %s", flagRaftLog, o.raftLog, replica.LogStoreWAL, replica.LogStoreBolt)
 	}
 	if o.limits.MaxConns < 1 || o.limits.MaxConnsPerIP < 1 || o.limits.ForwardConns < 2 ||
 		o.limits.ReadTimeout <= 0 || o.limits.IdleTimeout <= 0 {

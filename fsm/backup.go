@@ -1,0 +1,112 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Backup is a consistent copy of the state machine: the whole bbolt file
+// as one read transaction saw it, at applied raft index Index.
+type Backup struct {
+	File  *os.File // positioned at the start; unlinked: closing it frees the space
+	Size  int64
+	Index uint64
+	Term  uint64
+}
+
+// ErrNotBackup: a restore was given a file that is not an mqd state
+// backup.
+var ErrNotBackup = errors.New("not an mqd backup")
+
+// Backup copies the state machine, as one bbolt read transaction sees it,
+// into an unlinked temporary file in dir, and returns it for the
+// caller to stream and close. The copy, not the transaction, is what a slow
+// client reads: a read transaction held open keeps bbolt from growing its
+// memory map, which would stall applies. The file needs the state's size
+// in free space: room is asked first, with the copy's size, and its error
+// is returned.
+func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
+	f.mu.RLock()
+	tx, err := f.db.Begin(false)
+	f.mu.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("backup: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	b := &Backup{Size: tx.Size()}
+	b.Index, b.Term = metaApplied(tx)
+	if err := room(b.Size); err != nil {
+		return nil, err
+	}
+	tmp, err := os.CreateTemp(dir, "backup-*.tmp")
+	if err != nil {
+		return nil, fmt.Errorf("backup: %w", err)
+	}
+	// Unlinked at once: a crash leaves nothing behind.
+	if err := os.Remove(tmp.Name()); err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("backup: %w", err)
+	}
+	if _, err := tx.WriteTo(tmp); err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("backup copy: %w", err)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("backup: %w", err)
+	}
+	b.File = tmp
+	return b, nil
+}
+
+func metaApplied(tx *bolt.Tx) (index, term uint64) {
+	m := tx.Bucket(bktMeta)
+	if m == nil {
+		return 0, 0
+	}
+	if v := m.Get(keyApplied); len(v) == 8 {
+		index = binary.BigEndian.Uint64(v)
+	}
+	if v := m.Get(keyTerm); len(v) == 8 {
+		term = binary.BigEndian.Uint64(v)
+	}
+	return index, term
+}
+
+// PrepareState checks that path is an mqd state file with an applied
+// index, drops the old cluster's node addresses, and sets the applied term
+// to term, the restored snapshot's. It returns the applied index.
+func PrepareState(path string, term uint64) (uint64, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w: %w", ErrNotBackup, err)
+	}
+	defer db.Close()
+	var index uint64
+	err = db.Update(func(tx *bolt.Tx) error {
+		var was uint64
+		index, was = metaApplied(tx)
+		if index == 0 || was == 0 || tx.Bucket(bktNodes) == nil {
+			return fmt.Errorf("%w: no applied index or node bucket", ErrNotBackup)
+		}
+		if err := tx.DeleteBucket(bktNodes); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(bktNodes); err != nil {
+			return err
+		}
+		return tx.Bucket(bktMeta).Put(keyTerm, binary.BigEndian.AppendUint64(nil, term))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	if err := db.Sync(); err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	return index, nil
+}

@@ -1,0 +1,126 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/fsm"
+)
+
+// restoredTerm is the raft term of the snapshot a restore installs: the
+// restored node is a new cluster whose terms start over, and a snapshot
+// term above the terms of the entries that follow it would let a node
+// holding only the snapshot win an election against one holding the newer
+// entries (raft compares the last entry's term first).
+const restoredTerm = 1
+
+// PrepareRestore makes dataDir, which must not exist or be empty, the data
+// dir of a new single-node cluster holding the state in backup (what
+// Backup wrote). The backup is installed as a raft snapshot at its applied
+// index N, with a configuration of one voter (id, raftAddr), so that raft
+// starts its log after N: the state records raft indexes (a lease's
+// delivery is the index of the command that made it), and the state
+// machine skips entries at or below its applied index, so a log that
+// started again at 1 would be skipped. The node's first start restores the
+// snapshot into fsm.db. The old cluster's node addresses are dropped (the
+// new node records its own when it leads). It returns N.
+func PrepareRestore(dataDir string, backup io.Reader, id, raftAddr string) (index uint64, err error) {
+	if id == "" || raftAddr == "" {
+		return 0, errors.New("restore: a node id and raft address are needed")
+	}
+	if err := ValidateNodeID(id); err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	ents, err := os.ReadDir(dataDir)
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	if len(ents) > 0 {
+		return 0, fmt.Errorf("restore: data dir %s is not empty: restore into a new directory", dataDir)
+	}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		lock.release()
+		if err != nil { // leave the directory empty again, for another try
+			ents, _ := os.ReadDir(dataDir)
+			for _, e := range ents {
+				_ = os.RemoveAll(filepath.Join(dataDir, e.Name()))
+			}
+		}
+	}()
+	tmp := filepath.Join(dataDir, "restore.db.tmp")
+	defer os.Remove(tmp)
+	if err := copyToFile(tmp, backup); err != nil {
+		return 0, err
+	}
+	index, err = fsm.PrepareState(tmp, restoredTerm)
+	if err != nil {
+		return 0, err
+	}
+	store, err := raft.NewFileSnapshotStore(filepath.Join(dataDir, "snapshots"), 2, io.Discard)
+	if err != nil {
+		return 0, fmt.Errorf("restore: snapshot store: %w", err)
+	}
+	cfg := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(raftAddr)}}}
+	// The transport only encodes the legacy peer list, as the TCP one
+	// would (the address as bytes).
+	_, enc := raft.NewInmemTransport("")
+	sink, err := store.Create(raft.SnapshotVersionMax, index, restoredTerm, cfg, index, enc)
+	if err != nil {
+		return 0, fmt.Errorf("restore: snapshot: %w", err)
+	}
+	src, err := os.Open(tmp)
+	if err != nil {
+		_ = sink.Cancel()
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	defer src.Close()
+	if _, err := io.Copy(sink, src); err != nil {
+		_ = sink.Cancel()
+		return 0, fmt.Errorf("restore: snapshot: %w", err)
+	}
+	if err := sink.Close(); err != nil { // fsyncs the snapshot and its dir
+		return 0, fmt.Errorf("restore: snapshot: %w", err)
+	}
+	return index, nil
+}
+
+func copyToFile(name string, r io.Reader) error {
+	w, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if _, err := io.Copy(w, r); err != nil {
+		w.Close()
+		return fmt.Errorf("restore: read backup: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return nil
+}
+
+// Backup copies the state machine (fsm.FSM.Backup) into the data dir,
+// refused with ErrInsufficientStorage when the copy would leave less free
+// space than --min-free-disk.
+func (n *Node) Backup() (*fsm.Backup, error) {
+	return n.FSM.Backup(n.cfg.DataDir, func(size int64) error {
+		n.disk.refresh(time.Now())
+		if free, need := n.disk.free.Load(), n.disk.need.Load(); free < need+uint64(size) {
+			return fmt.Errorf("%w: a backup needs %d bytes, %d free and %d kept free (--min-free-disk)",
+				ErrInsufficientStorage, size, free, need)
+		}
+		return nil
+	})
+}
