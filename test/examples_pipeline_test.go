@@ -201,23 +201,12 @@ func checkPublishedOnce(ctx context.Context, t *testing.T, n *tc.Node, topic str
 	}
 }
 
-type reconcileAnswer struct {
-	Missing []string `json:"missing"`
-	Stored  int      `json:"stored"`
-	Groups  map[string]struct {
-		Acked    []string `json:"acked"`
-		Pending  []string `json:"pending"`
-		InFlight []string `json:"in_flight"`
-		Dead     []string `json:"dead"`
-	} `json:"groups"`
-}
-
-func reconcile(ctx context.Context, t *testing.T, n *tc.Node, topic string, keys []string, group string) reconcileAnswer {
+func reconcile(ctx context.Context, t *testing.T, n *tc.Node, topic string, keys []string, group string) tc.Reconciliation {
 	body := map[string]any{"keys": keys}
 	if group != "" {
 		body["group"] = group
 	}
-	var rc reconcileAnswer
+	var rc tc.Reconciliation
 	r, err := n.Do(ctx, "POST", "/v1/topics/"+topic+"/reconcile", body, nil)
 	if err != nil || r.Status != 200 || r.JSON(&rc) != nil {
 		t.Fatalf("reconcile %s: %v %+v", topic, err, r)

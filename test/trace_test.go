@@ -27,17 +27,6 @@ type keyTrace struct {
 	} `json:"groups"`
 }
 
-type reconciliation struct {
-	Missing []string `json:"missing"`
-	Stored  int      `json:"stored"`
-	Groups  map[string]struct {
-		Acked    []string `json:"acked"`
-		Pending  []string `json:"pending"`
-		InFlight []string `json:"in_flight"`
-		Dead     []string `json:"dead"`
-	} `json:"groups"`
-}
-
 // One message per state in group g (acked, delayed after a nack, leased,
 // dead, pending) and one key published three times: GET .../keys/{key}
 // and POST .../reconcile answer each through a follower, and `mqd trace`
@@ -107,7 +96,7 @@ func TestTraceAndReconcileThroughCluster(t *testing.T) {
 	if err != nil || r.Expect(200) != nil {
 		t.Fatalf("reconcile: %v %v", err, r.Expect(200))
 	}
-	var rec reconciliation
+	var rec tc.Reconciliation
 	if err := r.JSON(&rec); err != nil {
 		t.Fatal(err)
 	}

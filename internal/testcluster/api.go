@@ -95,6 +95,19 @@ type ReceiptResults struct {
 	Results []ReceiptResult `json:"results"`
 }
 
+// Reconciliation is POST /v1/topics/{topic}/reconcile's answer: the keys
+// never stored, and per group the keys acked, pending, in flight and dead.
+type Reconciliation struct {
+	Missing []string `json:"missing"`
+	Stored  int      `json:"stored"`
+	Groups  map[string]struct {
+		Acked    []string `json:"acked"`
+		Pending  []string `json:"pending"`
+		InFlight []string `json:"in_flight"`
+		Dead     []string `json:"dead"`
+	} `json:"groups"`
+}
+
 // TopicStats is the answer of GET /v1/topics/{topic}.
 type TopicStats struct {
 	Name       string                     `json:"name"`

@@ -117,17 +117,6 @@ func procStats(c *tc.Cluster, topic string) (tc.TopicStats, error) {
 	return s, err
 }
 
-type reconcileAnswer struct {
-	Missing []string `json:"missing"`
-	Stored  int      `json:"stored"`
-	Groups  map[string]struct {
-		Acked    []string `json:"acked"`
-		Pending  []string `json:"pending"`
-		InFlight []string `json:"in_flight"`
-		Dead     []string `json:"dead"`
-	} `json:"groups"`
-}
-
 // reconcile asks about keys in calls of at most 10,000 and merges the
 // answers: missing keys, and per state (acked, pending, in_flight, dead)
 // the keys of group.
@@ -139,7 +128,7 @@ func reconcile(c *tc.Cluster, topic, group string, keys []string) (missing map[s
 		if group != "" {
 			body["group"] = group
 		}
-		var a reconcileAnswer
+		var a tc.Reconciliation
 		if err := call(c, http.MethodPost, "/v1/topics/"+topic+"/reconcile", body, &a); err != nil {
 			return nil, nil, err
 		}
