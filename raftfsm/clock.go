@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/replica"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -188,7 +189,7 @@ func (n *Node) clockGate(ctx context.Context) bool {
 			n.logger.Warn("leading without knowing the other nodes' clocks (no measurement yet)")
 			return true
 		}
-		if pauseCtx(ctx, 100*time.Millisecond) != nil || !n.IsLeader() {
+		if replica.Pause(ctx, 100*time.Millisecond) != nil || !n.IsLeader() {
 			return false
 		}
 	}
