@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,7 @@ type Group struct {
 	handoff  atomic.Bool       // graceful stop: leadership is being handed off (handoff.go)
 	inflight atomic.Int64      // proposals between enter and leave
 	metrics  *groupMetrics
+	release  func() // the claim on cfg.Dir (claimDir)
 	observed chan raft.Observation
 	peerDown peerSet // peers this leader's heartbeats fail to reach
 	// appliedTo: a commit index up to which every entry is known applied
@@ -194,13 +196,36 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 		cfg.Transport.Close()
 		return nil, err
 	}
-	g := &Group{cfg: cfg, logger: cfg.Logger, metrics: newGroupMetrics(cfg.ID)}
+	release, err := claimDir(cfg.Dir, cfg.ID)
+	if err != nil {
+		cfg.Transport.Close()
+		return nil, err
+	}
+	g := &Group{cfg: cfg, logger: cfg.Logger, metrics: newGroupMetrics(cfg.ID), release: release}
 	if err := g.open(); err != nil {
 		cfg.Transport.Close()
 		g.closeStores()
 		return nil, err
 	}
 	return g, nil
+}
+
+// openDirs are the directories of the groups open in this process, by
+// absolute path: two groups in one directory would open the same files
+// (another process is kept out by the node's lock on the data dir).
+var openDirs sync.Map
+
+// claimDir claims dir for group id until release is called.
+func claimDir(dir, id string) (release func(), err error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", id, err)
+	}
+	if other, taken := openDirs.LoadOrStore(abs, id); taken {
+		return nil, fmt.Errorf("group %s: directory %s is group %s's, open in this process", id, abs, other)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { openDirs.Delete(abs) }) }, nil
 }
 
 func (g *Group) open() error {
@@ -418,6 +443,9 @@ func (g *Group) closeStores() {
 	}
 	if g.fsm != nil {
 		g.fsm.Close()
+	}
+	if g.release != nil {
+		g.release()
 	}
 }
 
