@@ -7,11 +7,7 @@ import (
 )
 
 // The node's part in a hand-off of leadership (replica/handoff.go): which
-// voter to hand it to.
-
-// transferLeadership hands the default group's leadership to the best
-// target (transferTarget).
-func (n *Node) transferLeadership() error { return n.def.TransferLeadership() }
+// voter to hand it to (a group's Hooks.TransferTarget).
 
 // transferTarget picks the best target among servers: a voter this node
 // can reach, that is not stopping, whose clock is within

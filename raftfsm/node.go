@@ -157,13 +157,9 @@ func (n *Node) openGroup(id string) (*replica.Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	adv, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAdvertise)
+	trans, err := n.groupTransport(id)
 	if err != nil {
-		return nil, fmt.Errorf("raft advertise address: %w", err)
-	}
-	trans, err := newTransport(n.cfg, adv, replica.NewHclog(n.cfg.Logger, "raft"))
-	if err != nil {
-		return nil, fmt.Errorf("raft transport: %w", err)
+		return nil, err
 	}
 	return replica.OpenGroup(replica.GroupConfig{
 		ID: id, NodeID: n.cfg.ID, Dir: dir, Transport: trans,
@@ -173,6 +169,21 @@ func (n *Node) openGroup(id string) (*replica.Group, error) {
 	})
 }
 
+// groupTransport is raft's transport for group id: today the node's one
+// raft listener, which only the default group uses (transport.go; a
+// multiplexed listener would give each group its own stream on it).
+func (n *Node) groupTransport(id string) (replica.GatedTransport, error) {
+	adv, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAdvertise)
+	if err != nil {
+		return nil, fmt.Errorf("raft advertise address: %w", err)
+	}
+	trans, err := newTransport(n.cfg, adv, replica.NewHclog(n.cfg.Logger, "raft"))
+	if err != nil {
+		return nil, fmt.Errorf("raft transport: %w", err)
+	}
+	return trans, nil
+}
+
 // groupHooks are the node's part in a group's life: the data dir's
 // recorded id (the default group's stable store holds it), the disk
 // guard, the clock gate, recording this node's address, the state format,
@@ -180,8 +191,8 @@ func (n *Node) openGroup(id string) (*replica.Group, error) {
 func (n *Node) groupHooks(id string) replica.Hooks {
 	h := replica.Hooks{
 		DiskLow: func() bool { return n.disk.isLow(0) },
-		Gate: func(ctx context.Context, first bool) bool {
-			if !n.clockGate(ctx) {
+		Gate: func(ctx context.Context, g *replica.Group, first bool) bool {
+			if !n.clockGate(ctx, g) {
 				return false
 			}
 			if first {
@@ -205,7 +216,7 @@ func (n *Node) groupHooks(id string) replica.Hooks {
 		}
 		return nil
 	}
-	h.Lead = func(ctx context.Context) func(context.Context) {
+	h.Lead = func(ctx context.Context, _ *replica.Group) func(context.Context) {
 		if err := n.Join(ctx, n.Info()); err != nil {
 			n.logger.Warn("record own address", "err", err)
 		}

@@ -116,12 +116,12 @@ type Hooks struct {
 	// also anchors its service clock to the state's time). Unfit is asked
 	// every second while serving: true stops serving until Gate (first
 	// false) answers true again.
-	Gate  func(ctx context.Context, first bool) bool
+	Gate  func(ctx context.Context, g *Group, first bool) bool
 	Unfit func() bool
 	// Lead runs once the group serves, for the term (ctx ends with it);
 	// what it returns, if not nil, runs every second of the term (the
 	// node records its address and raises the state format).
-	Lead func(ctx context.Context) (every func(ctx context.Context))
+	Lead func(ctx context.Context, g *Group) (every func(ctx context.Context))
 	// TransferTarget picks the voter to hand leadership to; false: raft's
 	// own choice (the most up to date follower).
 	TransferTarget func(servers []raft.Server) (raft.ServerID, raft.ServerAddress, bool)
@@ -193,7 +193,9 @@ func (c *GroupConfig) validate() error {
 // transport is closed too.
 func OpenGroup(cfg GroupConfig) (*Group, error) {
 	if err := cfg.validate(); err != nil {
-		cfg.Transport.Close()
+		if cfg.Transport != nil {
+			cfg.Transport.Close()
+		}
 		return nil, err
 	}
 	release, err := claimDir(cfg.Dir, cfg.ID)

@@ -95,7 +95,7 @@ func (g *Group) startServing(ctx context.Context) bool {
 	}
 	// A leader whose clock is off would stamp it into every command:
 	// the node hands off instead. Nothing timestamped is proposed before.
-	return g.cfg.Hooks.Gate == nil || g.cfg.Hooks.Gate(ctx, true)
+	return g.cfg.Hooks.Gate == nil || g.cfg.Hooks.Gate(ctx, g, true)
 }
 
 func (g *Group) leaderLoop(ctx context.Context) {
@@ -107,7 +107,7 @@ func (g *Group) leaderLoop(ctx context.Context) {
 	defer g.serving.Store(false)
 	var every func(context.Context)
 	if g.cfg.Hooks.Lead != nil {
-		every = g.cfg.Hooks.Lead(ctx)
+		every = g.cfg.Hooks.Lead(ctx, g)
 	}
 	schedDone := make(chan struct{})
 	go func() {
@@ -132,7 +132,7 @@ func (g *Group) leaderLoop(ctx context.Context) {
 		case <-check.C:
 			if g.cfg.Hooks.Unfit != nil && g.cfg.Hooks.Unfit() {
 				g.serving.Store(false) // requests wait for the next leader
-				if g.cfg.Hooks.Gate != nil && !g.cfg.Hooks.Gate(ctx, false) {
+				if g.cfg.Hooks.Gate != nil && !g.cfg.Hooks.Gate(ctx, g, false) {
 					return
 				}
 				g.serving.Store(true)
