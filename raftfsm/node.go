@@ -360,7 +360,7 @@ func (n *Node) Join(ctx context.Context, info command.NodeInfo) error {
 		if err := n.checkJoiner(ctx, info); err != nil {
 			return err
 		}
-		if err := n.def.Raft().AddVoter(raft.ServerID(info.ID), raft.ServerAddress(info.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+		if err := n.def.AddVoter(info.ID, info.RaftAddr, 10*time.Second); err != nil {
 			return fmt.Errorf("add voter %s: %w", info.ID, err)
 		}
 	}

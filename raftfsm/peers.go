@@ -319,7 +319,7 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	if err := n.def.Raft().RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
+	if err := n.def.RemoveServer(id, timeout); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // not accepted: nothing changed
 			return fmt.Errorf("%w: %w", replica.ErrNotLeader, err)
 		}

@@ -475,8 +475,8 @@ func (g *Group) Dir() string { return g.cfg.Dir }
 // FSM is the group's state machine.
 func (g *Group) FSM() *fsm.FSM { return g.fsm }
 
-// Raft is the group's raft instance, for the node's membership calls and
-// tests; the HTTP layer never sees it.
+// Raft is the group's raft instance, for tests; the node goes through the
+// group's methods, and the HTTP layer never sees it.
 func (g *Group) Raft() *raft.Raft { return g.raft }
 
 // Stable is the group's stable store (raft.db); the node records its id in
@@ -557,6 +557,18 @@ func (g *Group) Bootstrap(servers []raft.Server) error {
 		return nil
 	}
 	return err
+}
+
+// AddVoter adds server id at raft address addr as a voter (on the leader),
+// waiting up to timeout for raft to accept the change.
+func (g *Group) AddVoter(id, addr string, timeout time.Duration) error {
+	return g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout).Error()
+}
+
+// RemoveServer takes server id out of the group's configuration (on the
+// leader), waiting up to timeout for raft to accept the change.
+func (g *Group) RemoveServer(id string, timeout time.Duration) error {
+	return g.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error()
 }
 
 // Apply proposes a command on the leader and waits for it to be committed
