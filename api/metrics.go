@@ -17,7 +17,7 @@ import (
 )
 
 // metrics are the HTTP layer's Prometheus families; the node adds its own
-// (raftfsm.Node.Collectors), and the per-topic and per-group series of the
+// (raftfsm.Node.Collectors: each group's, replica.Group.Collectors), and the per-topic and per-group series of the
 // state are written apart (statemetrics.go). Labels are bounded: topics,
 // groups, route patterns, status codes; never keys, offsets or paths.
 type metrics struct {
