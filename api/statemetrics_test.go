@@ -14,14 +14,16 @@ import (
 // values (including label values that need escaping, large values, and no
 // family at all without rows).
 func TestStateTextMatchesRegistry(t *testing.T) {
-	rows := &stateRows{
-		topics: []topicRow{{name: "a", messages: 3, bytes: 1 << 40}, {name: "b.c-d_e"}},
-		groups: []groupRow{
-			{topic: "a", name: "g1", Gauges: group.Gauges{Waiting: 1234567, InFlight: 1, DLQ: 2, Acked: 1 << 53, DuplicatesSkipped: 7},
-				Tally: group.Tally{Nacked: 5, LeasesExpired: 6, DeadLettered: 8, Replayed: 9}},
-			{topic: "a", name: "g2"},
-			{topic: `q"u\o` + "\nte", name: `x\y`},
-		},
+	rows := &stateRows{}
+	rows.addTopic(topicRow{name: "a", messages: 3, bytes: 1 << 40, published: 999999, duplicates: 1000000})
+	rows.addTopic(topicRow{name: "b.c-d_e", published: 1<<64 - 1})
+	for _, g := range []groupRow{
+		{topic: "a", name: "g1", Gauges: group.Gauges{Waiting: 1234567, InFlight: 1, DLQ: 2, Acked: 1 << 53, DuplicatesSkipped: 7},
+			Tally: group.Tally{Nacked: 5, LeasesExpired: 6, DeadLettered: 8, Replayed: 9}},
+		{topic: "a", name: "g2"},
+		{topic: `q"u\o` + "\nte", name: `x\y`},
+	} {
+		rows.addGroup(g)
 	}
 	reg := prometheus.NewRegistry()
 	add := func(name, typ, help string, labels []string, set func(v *prometheus.GaugeVec, c *prometheus.CounterVec)) {
@@ -79,8 +81,8 @@ func TestStateTextMatchesRegistry(t *testing.T) {
 			t.Errorf("%s:\ngot  %q\nwant %q", name, got[max(i, 0):max(end, 0)], w)
 		}
 	}
-	if n := len(bytes.Split(bytes.TrimSpace(got), []byte("\n"))); n != 2*(2+2)+9*(2+3) {
-		t.Errorf("%d lines, want %d", n, 2*(2+2)+9*(2+3))
+	if n := len(bytes.Split(bytes.TrimSpace(got), []byte("\n"))); n != 4*(2+2)+9*(2+3) {
+		t.Errorf("%d lines, want %d", n, 4*(2+2)+9*(2+3))
 	}
 	if out := (&stateRows{}).appendText(nil); len(out) != 0 {
 		t.Errorf("no topics: %q, want nothing (no family without series)", out)
