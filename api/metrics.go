@@ -150,6 +150,7 @@ type scrapes struct {
 	mu      sync.Mutex
 	running *build // nil: none
 	next    *build // the build the scrapes waiting on running share
+	waiting int    // scrapes waiting for the running build to end
 	hint    rowsHint
 }
 
@@ -175,13 +176,20 @@ func (c *scrapes) get(ctx context.Context, fn func() ([]byte, error)) ([]byte, e
 		c.next = &build{done: make(chan struct{})}
 	}
 	prev, b := c.running, c.next
+	c.waiting++
 	c.mu.Unlock()
+	var err error
 	select {
 	case <-prev.done:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for a scrape: %w", ctx.Err())
+		err = fmt.Errorf("wait for a scrape: %w", ctx.Err())
 	}
 	c.mu.Lock()
+	c.waiting--
+	if err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
 	if c.next == b && c.running == nil {
 		c.next = nil
 		return c.run(b, fn)

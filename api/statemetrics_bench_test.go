@@ -8,12 +8,14 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
+	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 )
 
@@ -119,6 +121,71 @@ func BenchmarkMetricsScrape(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/scrape")
 			b.ReportMetric(float64(size), "bytes")
+		})
+	}
+}
+
+// BenchmarkApplyDuringScrape applies one-message publishes to the FSM of
+// 10,000 topics × 4 groups, each its own ApplyBatch (a write transaction),
+// while /metrics is scraped over loopback in a loop (scrape=true) or not:
+// the apply latency's p50, p99 and maximum. A scrape's read transaction
+// shares the FSM's read lock with applies and bbolt lets a writer commit
+// beside readers, so the two should match.
+//
+//	go test -run '^$' -bench ApplyDuringScrape -benchtime 2000x ./api/
+func BenchmarkApplyDuringScrape(b *testing.B) {
+	f := stateOf(b, 10000, 4)
+	s := newServer(scrapeNode{}, f, slog.New(slog.DiscardHandler), Options{})
+	url := serveLoopback(b, s)
+	idx := f.AppliedIndex()
+	val := []byte("0123456789abcdef")
+	for _, scraping := range []bool{false, true} {
+		b.Run(fmt.Sprintf("scrape=%v", scraping), func(b *testing.B) {
+			stop, done := make(chan struct{}), make(chan int)
+			go func() {
+				n := 0
+				for scraping {
+					select {
+					case <-stop:
+						done <- n
+						return
+					default:
+					}
+					resp, err := http.Get(url)
+					if err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						n++
+					}
+				}
+				<-stop
+				done <- n
+			}()
+			if scraping {
+				time.Sleep(200 * time.Millisecond) // the first scrape under way
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				idx++
+				c := &command.Command{Op: command.OpPublish, Now: time.Now().UnixMilli(), Topic: fmt.Sprintf("topic-%05d", i%10000),
+					Msgs: []mlog.Placed{{Msg: &mlog.Message{PublishedAt: 1, MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: val}}}}
+				t0 := time.Now()
+				r := f.ApplyBatch([]*raft.Log{{Index: idx, Term: 1, Type: raft.LogCommand, Data: c.Encode()}})
+				lat = append(lat, time.Since(t0))
+				if res, _ := r[0].(*fsm.Result); res == nil || res.Err != nil {
+					b.Fatalf("apply: %+v", r[0])
+				}
+			}
+			b.StopTimer()
+			close(stop)
+			scrapes := <-done
+			slices.Sort(lat)
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+			b.ReportMetric(ms(lat[len(lat)/2]), "p50_ms")
+			b.ReportMetric(ms(lat[len(lat)*99/100]), "p99_ms")
+			b.ReportMetric(ms(lat[len(lat)-1]), "max_ms")
+			b.ReportMetric(float64(scrapes), "scrapes")
 		})
 	}
 }
