@@ -122,8 +122,9 @@ func (s *Server) metricsHandler(ctx *fasthttp.RequestCtx, _ *route) error {
 	return nil
 }
 
-// metricsText builds one body of /metrics: the state's figures first (one
-// read transaction), then the registry's families, then the state's.
+// metricsText builds one body of /metrics: it reads the state's figures
+// (one read transaction), then writes the registry's families and after
+// them the state's series.
 func (s *Server) metricsText() ([]byte, error) {
 	rows := s.stateRows()
 	mfs, err := s.metrics.reg.Gather()
