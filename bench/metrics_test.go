@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ var (
 	flagMetricsGroups = flag.Int("metrics.groups", 4, "MetricsScrapeNode: consumer groups per topic")
 	flagMetricsBase   = flag.String("metrics.base", "", "MetricsScrapeNode: also scrape under the binary of this commit")
 	flagMetricsRounds = flag.Int("metrics.scrapes", 5, "MetricsScrapeNode: timed scrapes per binary and b.N round")
+	flagMetricsFlags  = flag.String("metrics.flags", "", "MetricsScrapeNode: more mqd flags, space-separated (e.g. --metrics-group-series=false; not with -metrics.base)")
 )
 
 // populate creates topics × groups on the leader, 32 requests at a time,
@@ -128,7 +130,7 @@ func BenchmarkMetricsScrapeNode(b *testing.B) {
 		bins = append(bins, scrapeStats{binaryName: *flagMetricsBase})
 		paths = append(paths, tc.BuildAt(b, *flagMetricsBase))
 	}
-	s := startSystem(b, 1)
+	s := startSystem(b, 1, strings.Fields(*flagMetricsFlags)...)
 	s.populate(b, *flagMetricsTopics, *flagMetricsGroups)
 	n := s.leader
 	cl := &http.Client{Timeout: 2 * time.Minute}
