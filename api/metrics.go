@@ -19,10 +19,11 @@ import (
 )
 
 // metrics are the HTTP layer's Prometheus families; the node adds its own
-// (raftfsm.Node.Collectors), and the per-topic and per-group series of the
-// state, with the per-topic publish counters, are written apart
-// (statemetrics.go). Labels are bounded: topics, groups, route patterns,
-// status codes; never keys, offsets or paths.
+// (raftfsm.Node.Collectors: each group's, replica.Group.Collectors), and
+// the per-topic and per-group series of the state, with the per-topic
+// publish counters, are written apart (statemetrics.go). Labels are
+// bounded: topics, groups, route patterns, status codes; never keys,
+// offsets or paths.
 type metrics struct {
 	reg         *prometheus.Registry
 	receipts    *prometheus.CounterVec

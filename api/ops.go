@@ -43,6 +43,10 @@ type clusterNode struct {
 	// StateFormatMax: the highest state format the member's binary reads
 	// (0: older than formats, or not probed yet).
 	StateFormatMax int `json:"state_format_max"`
+	// TopicsLed and TopicsHeld: the topics whose replicas' leader this
+	// member is, and the topics it holds a replica of (SPEC section 12).
+	TopicsLed  int `json:"topics_led"`
+	TopicsHeld int `json:"topics_held"`
 }
 
 // cluster answers GET /v1/cluster: every member as this node sees it. The
@@ -74,6 +78,7 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		CommitIndex: s.node.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
 		StateFormat: s.state.StateFormat(), Resources: s.node.Resources()}
 	out.Alarms = alarms(out.Resources)
+	topics := s.topicCount()
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
 		info.ID, info.RaftAddr = string(sv.ID), string(sv.Address)
@@ -98,11 +103,25 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		if known && info.ID == lid {
 			l := cn.NodeInfo
 			out.Leader = &l
+			cn.TopicsLed = topics
+		}
+		if cn.Voter { // every topic is in the one raft group (placement in topics.go)
+			cn.TopicsHeld = topics
 		}
 		out.Nodes = append(out.Nodes, cn)
 	}
 	writeJSON(ctx, 200, out)
 	return nil
+}
+
+// topicCount is how many topics the state holds.
+func (s *Server) topicCount() int {
+	n := 0
+	_ = s.state.Read(func(r *fsm.Reader) error {
+		r.EachTopicAfter("", func(string) bool { n++; return true })
+		return nil
+	})
+	return n
 }
 
 // removeNode answers DELETE /v1/cluster/nodes/{id} on the leader.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
@@ -100,8 +101,34 @@ func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) 
 	if err != nil {
 		return err
 	}
-	writeJSON(ctx, status, topicJSON(st))
+	out := topicJSON(st)
+	out.Placement = s.placement()
+	writeJSON(ctx, status, out)
 	return nil
+}
+
+// placement is where a topic's replicas are (SPEC section 12). Every topic
+// lives in the cluster's one raft group today: its replicas are the
+// group's voters, its leader the group's leader (omitted while none is
+// known).
+type placement struct {
+	Replicas []string `json:"replicas"`
+	Leader   string   `json:"leader,omitempty"`
+}
+
+func (s *Server) placement() *placement {
+	p := &placement{Replicas: []string{}}
+	if servers, err := s.node.Servers(); err == nil {
+		for _, sv := range servers {
+			if sv.Suffrage == raft.Voter {
+				p.Replicas = append(p.Replicas, string(sv.ID))
+			}
+		}
+	}
+	if id, _, ok := s.node.Leader(); ok {
+		p.Leader = id
+	}
+	return p
 }
 
 type partStats struct {
@@ -118,6 +145,7 @@ type topicStats struct {
 	Bytes      uint64                 `json:"bytes"`
 	Partitions []partStats            `json:"partitions"`
 	Groups     map[string]group.Stats `json:"groups"`
+	Placement  *placement             `json:"placement,omitempty"`
 }
 
 func topicJSON(st *fsm.TopicStats) *topicStats {

@@ -22,7 +22,7 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// wakeup is the leader's timer payload (raftfsm/scheduler.go): the topic, a
+// wakeup is the leader's timer payload (replica/scheduler.go): the topic, a
 // string shared by every timer of the topic, and whether it is a lease.
 type wakeup struct {
 	topic string

@@ -15,7 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// The lost-entries check (raftfsm/lostlog.go) holds the raft log to how far the
+// The lost-entries check (replica/lostlog.go) holds the raft log to how far the
 // state got before this start. After an unclean stop OpenFSM rolls fsm.db
 // back to its last checkpoint (checkpoint.go), which can be older than
 // what the process had applied when it died: the entries between were in

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/replica"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -165,10 +166,10 @@ func (n *Node) Clock() ClockState {
 	return st
 }
 
-// clockGate runs before a new leader serves: it waits (up to 3 s) for
+// clockGate runs before g's new leader serves: it waits (up to 3 s) for
 // enough clock measurements, and while this node's clock is bad it hands
 // leadership off instead of serving. It answers whether to serve.
-func (n *Node) clockGate(ctx context.Context) bool {
+func (n *Node) clockGate(ctx context.Context, g *replica.Group) bool {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		st := n.Clock()
@@ -178,8 +179,8 @@ func (n *Node) clockGate(ctx context.Context) bool {
 				n.logger.Error("not leading: " + st.Reason)
 			}
 		case st.Bad:
-			n.handOffForClock(st)
-			if !n.IsLeader() {
+			n.handOffForClock(g, st)
+			if !g.IsLeader() {
 				return false
 			}
 		case st.Known:
@@ -188,15 +189,15 @@ func (n *Node) clockGate(ctx context.Context) bool {
 			n.logger.Warn("leading without knowing the other nodes' clocks (no measurement yet)")
 			return true
 		}
-		if pauseCtx(ctx, 100*time.Millisecond) != nil || !n.IsLeader() {
+		if replica.Pause(ctx, 100*time.Millisecond) != nil || !g.IsLeader() {
 			return false
 		}
 	}
 }
 
-func (n *Node) handOffForClock(st ClockState) {
+func (n *Node) handOffForClock(g *replica.Group, st ClockState) {
 	n.logger.Error("not leading: "+st.Reason+"; handing leadership off", "offset", st.Offset)
-	if err := n.transferLeadership(); err != nil {
+	if err := g.TransferLeadership(); err != nil {
 		n.logger.Warn("leadership transfer", "err", err)
 	}
 }

@@ -1,8 +1,9 @@
-// Package raftfsm is mqd's Raft node: the raft instance and its stores
-// (raft-wal log, stable store, snapshots), group commit, the node's setup,
-// bootstrap and join, membership, peer probes, the clock and disk guards,
-// readiness, handoff and the leader's housekeeping. The state machine it
-// replicates is package fsm; the commands it proposes are package command.
+// Package raftfsm is mqd's node: the process and what every replicated
+// group on it shares (the data dir and its lock, the raft transport, the
+// node id, bootstrap and join, membership, peer probes, the clock and disk
+// guards, readiness), and the groups it holds (package replica: today one,
+// the default group, in the data dir itself). The state machine the groups
+// replicate is package fsm; the commands they propose are package command.
 //
 // It is not the HTTP layer (package api).
 package raftfsm

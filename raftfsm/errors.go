@@ -1,7 +1,7 @@
 package raftfsm
 
-import "errors"
+import "github.com/mqd/mqd/replica"
 
 // ErrStateBehindLog: at start, neither the state nor a snapshot reaches
-// back to the first entry of the raft log.
-var ErrStateBehindLog = errors.New("state behind the raft log")
+// back to the first entry of the raft log (replica.ErrStateBehindLog).
+var ErrStateBehindLog = replica.ErrStateBehindLog

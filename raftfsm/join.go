@@ -47,7 +47,7 @@ func (n *Node) Status() Status {
 	servers, _ := n.Servers()
 	_, _, known := n.Leader()
 	st := Status{NodeInfo: n.Info(), Bootstrapped: len(servers) > 0, LeaderKnown: known, State: n.StateName(),
-		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.Raft.CommitIndex(), LastContactMs: n.LastContactMs(),
+		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.CommitIndex(), LastContactMs: n.LastContactMs(),
 		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: fsm.StateFormat, StateFormat: n.FSM.StateFormat(),
 		DiskLow: n.disk.lowNow(), DiskKeep: n.disk.need.Load()}
 	if st.DiskKeep > 0 {
@@ -70,7 +70,7 @@ func (n *Node) Form(ctx context.Context, peers []string, expect int) error {
 	n.joinPeers.Store(peers)
 	client := n.peerClient(2 * time.Second)
 	defer client.CloseIdleConnections()
-	if !n.hadState && len(peers) == 0 {
+	if !n.def.HadState() && len(peers) == 0 {
 		if err := n.Bootstrap([]command.NodeInfo{n.Info()}); err != nil {
 			return fmt.Errorf("bootstrap: %w", err)
 		}

@@ -52,8 +52,8 @@ func ValidateNodeID(id string) error {
 // default: a copy of a member's data dir (a cloned disk or image) must not
 // take that member's id by itself, and a node moved to another address
 // is named with --id by its operator.
-func (n *Node) checkID() error {
-	rec, err := n.stores.Stable.Get(keyNodeID)
+func (n *Node) checkID(stable raft.StableStore) error {
+	rec, err := stable.Get(keyNodeID)
 	switch {
 	case errors.Is(err, raftboltdb.ErrKeyNotFound) || (err == nil && len(rec) == 0):
 		return nil
@@ -78,7 +78,7 @@ func (n *Node) recordID(servers []raft.Server) {
 	if n.idRecorded.Load() || !slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == n.cfg.ID }) {
 		return
 	}
-	if err := n.stores.Stable.Set(keyNodeID, []byte(n.cfg.ID)); err != nil {
+	if err := n.def.Stable().Set(keyNodeID, []byte(n.cfg.ID)); err != nil {
 		if !n.idWarned.Swap(true) { // tried again every probe: say it once
 			n.logger.Warn("could not record the node id in the data dir; trying again at every probe", "err", err)
 		}

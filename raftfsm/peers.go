@@ -236,8 +236,7 @@ func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 	}
 	addr := n.FSM.Nodes()[id].HTTPAddr
 	if addr == "" {
-		_, down := n.raftDown.Load(id)
-		return "", !down
+		return "", !n.def.PeerDown(id)
 	}
 	n.peers.mu.Lock()
 	if v := n.peers.views[id]; v != nil && v.answered(time.Now()) {
@@ -254,8 +253,7 @@ func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 		// No answer over HTTP, which a loaded member may miss too: raft's
 		// heartbeats decide, as for a member whose address is not
 		// recorded (a dead process fails them within a heartbeat).
-		_, down := n.raftDown.Load(id)
-		return "", !down
+		return "", !n.def.PeerDown(id)
 	case st.ID != id:
 		return "", false // another node answers there
 	}
@@ -297,32 +295,13 @@ func (n *Node) Peer(id string) PeerState {
 	return ps
 }
 
-// LastContactMs is, on a follower, the milliseconds since it last heard
-// from the leader, -1 if it never did; 0 on the leader.
-func (n *Node) LastContactMs() int64 {
-	if n.IsLeader() {
-		return 0
-	}
-	lc := n.Raft.LastContact()
-	if lc.IsZero() {
-		return -1
-	}
-	return time.Since(lc).Milliseconds()
-}
+// LastContactMs is, on a follower of the default group, the milliseconds
+// since it last heard from the leader, -1 if it never did; 0 on the leader.
+func (n *Node) LastContactMs() int64 { return n.def.LastContactMs() }
 
-// StateName is this node's raft state: leader, follower, candidate or
-// shutdown.
-func (n *Node) StateName() string {
-	switch n.Raft.State() {
-	case raft.Leader:
-		return "leader"
-	case raft.Follower:
-		return "follower"
-	case raft.Candidate:
-		return "candidate"
-	}
-	return "shutdown"
-}
+// StateName is this node's raft state in the default group: leader,
+// follower, candidate or shutdown.
+func (n *Node) StateName() string { return n.def.StateName() }
 
 // RemoveNode takes member id out of the cluster (on the leader).
 func (n *Node) RemoveNode(ctx context.Context, id string) error {
@@ -340,7 +319,7 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	if err := n.Raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
+	if err := n.def.RemoveServer(id, timeout); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) { // not accepted: nothing changed
 			return fmt.Errorf("%w: %w", replica.ErrNotLeader, err)
 		}

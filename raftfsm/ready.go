@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/raft"
 )
 
 // Readiness (GET /readyz) of a follower is judged against the leader's
@@ -49,8 +46,6 @@ type readiness struct {
 	at time.Time
 	v  Readiness
 	hc *http.Client // set once in Open
-	// appliedTo: a commit index up to which every entry is known applied.
-	appliedTo atomic.Uint64
 }
 
 // Ready reports whether the node is ready to serve: its clock agrees with
@@ -69,12 +64,12 @@ func (n *Node) Ready(ctx context.Context) Readiness {
 }
 
 func (n *Node) judgeReady(ctx context.Context) Readiness {
-	v := Readiness{Applied: n.FSM.AppliedIndex(), Commit: n.Raft.CommitIndex()}
+	v := Readiness{Applied: n.def.AppliedIndex(), Commit: n.def.CommitIndex()}
 	if st := n.Clock(); st.Bad {
 		v.Reason = st.Reason
 		return v
 	}
-	if why := n.lost.reason(); why != "" {
+	if why := n.def.LostReason(); why != "" {
 		v.Reason = why
 		return v
 	}
@@ -104,8 +99,8 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 	tick := time.NewTicker(readyPoll)
 	defer tick.Stop()
 	for {
-		v.Applied = n.FSM.AppliedIndex()
-		if n.appliedTo(v.Commit, v.Applied) {
+		v.Applied = n.def.AppliedIndex()
+		if n.def.AppliedTo(v.Commit, v.Applied) {
 			v.Ready = true
 			return v
 		}
@@ -136,35 +131,4 @@ func (n *Node) askLeaderCommit(ctx context.Context, lid, addr string) (uint64, e
 // waiting for a check in flight).
 func (n *Node) closeReady() {
 	n.ready.hc.CloseIdleConnections()
-}
-
-// appliedTo reports whether the FSM, at inState, has applied every entry up
-// to commit. The FSM counts only commands, so it has when raft has handed
-// every entry up to commit on and none after inState is a command. A snapshot
-// the FSM holds (one it took, or one installed and restored, which raft
-// counts as applied only once restored) covers what it holds, though its
-// last command may be older (entries before it may be gone from the log).
-func (n *Node) appliedTo(commit, inState uint64) bool {
-	if inState >= commit || n.ready.appliedTo.Load() >= commit {
-		return true
-	}
-	applied := n.Raft.AppliedIndex()
-	if applied < commit {
-		return false
-	}
-	if s := n.LastSnapshotIndex(); s > inState && s <= applied {
-		inState = s
-	}
-	var l raft.Log
-	for i := inState + 1; i <= commit; i++ {
-		if err := n.stores.Log.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
-			return false
-		}
-	}
-	for { // keep the highest: a new leader's commit index may be lower
-		old := n.ready.appliedTo.Load()
-		if old >= commit || n.ready.appliedTo.CompareAndSwap(old, commit) {
-			return true
-		}
-	}
 }

@@ -28,7 +28,7 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 			barriers := func(k int) {
 				t.Helper()
 				for range k {
-					if err := n.Raft.Barrier(10 * time.Second).Error(); err != nil {
+					if err := n.Default().Raft().Barrier(10 * time.Second).Error(); err != nil {
 						t.Fatalf("barrier: %v", err)
 					}
 				}
@@ -37,17 +37,17 @@ func TestReadyAfterNonCommandEntriesAndSnapshot(t *testing.T) {
 				t.Helper()
 				if v := n.judgeReady(ctx); !v.Ready {
 					t.Fatalf("%s: not ready: %+v (FSM applied %d, raft applied %d, snapshot %d)",
-						when, v, n.FSM.AppliedIndex(), n.Raft.AppliedIndex(), n.LastSnapshotIndex())
+						when, v, n.FSM.AppliedIndex(), n.Default().Raft().AppliedIndex(), n.LastSnapshotIndex())
 				}
 			}
 
 			// Entries before the snapshot are gone from the log (two kept
 			// behind it); the FSM's last command is among them.
 			barriers(40)
-			if err := n.Raft.Snapshot().Error(); err != nil {
+			if err := n.Default().Raft().Snapshot().Error(); err != nil {
 				t.Fatalf("snapshot: %v", err)
 			}
-			if first, err := n.stores.Log.FirstIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
+			if first, err := n.Default().FirstLogIndex(); err != nil || first <= n.FSM.AppliedIndex()+1 {
 				t.Fatalf("log not compacted past the FSM's last command: first index %d (%v), FSM applied %d", first, err, n.FSM.AppliedIndex())
 			}
 			ready("after a snapshot over the FSM's last command")

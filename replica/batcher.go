@@ -60,15 +60,16 @@ type Batcher struct {
 }
 
 // NewBatcher returns a group commit proposing through propose; Run runs it.
-func NewBatcher(propose func(ctx context.Context, data []byte) (raft.ApplyFuture, error)) *Batcher {
+// Its metrics carry labels (the group's id).
+func NewBatcher(propose func(ctx context.Context, data []byte) (raft.ApplyFuture, error), labels prometheus.Labels) *Batcher {
 	return &Batcher{propose: propose, in: make(chan *pending, maxBatchCmds), slots: make(chan struct{}, batchPipeline),
-		size: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_commands",
+		size: prometheus.NewHistogram(prometheus.HistogramOpts{ConstLabels: labels, Name: "mqd_batch_commands",
 			Help:    "Commands (publishes, leases, acks, extends, nacks) per group commit (one raft append) on the leader.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
-		queue: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_queue_seconds",
+		queue: prometheus.NewHistogram(prometheus.HistogramOpts{ConstLabels: labels, Name: "mqd_batch_queue_seconds",
 			Help:    "Time a command waits for its group-committed entry to be proposed.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}),
-		raft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_batch_raft_seconds",
+		raft: prometheus.NewHistogram(prometheus.HistogramOpts{ConstLabels: labels, Name: "mqd_batch_raft_seconds",
 			Help:    "Time from proposing a group commit to its commit and apply on the leader.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}),
 	}

@@ -57,7 +57,7 @@ func SnapshotDue(s SnapshotState) (bool, string) {
 }
 
 // TrailingBytesFloor is the least raft log, in bytes, a snapshot leaves
-// behind it (raftfsm's boundTrailingLogs).
+// behind it (snapshots.go, boundTrailingLogs).
 const TrailingBytesFloor = 64 << 20
 
 // TrailingEntriesFloor is the fewest entries a snapshot leaves behind it,

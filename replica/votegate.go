@@ -20,7 +20,7 @@ type GatedTransport interface {
 }
 
 // VoteGate is raft's transport as raft sees it. While restricted() holds
-// (this node lost log entries it applied, raftfsm/lostlog.go) it keeps the node out
+// (this node lost log entries it applied, lostlog.go) it keeps the node out
 // of elections, both ways:
 //
 //   - RequestVote and RequestPreVote from a candidate are answered "not

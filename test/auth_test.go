@@ -12,43 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/auth"
 	tc "github.com/mqd/mqd/internal/testcluster"
 	"go.yaml.in/yaml/v3"
 )
 
-// authFixture is a token file with one token per role and its secrets.
-type authFixture struct {
-	path    string
-	secrets map[string]string // token name → secret
-}
-
-func authTokens(t *testing.T, perms map[string][]string) *authFixture {
-	t.Helper()
-	fx := &authFixture{path: filepath.Join(t.TempDir(), "auth.json"), secrets: map[string]string{}}
-	var f auth.File
-	for name, ps := range perms {
-		secret, err := auth.NewSecret()
-		if err != nil {
-			t.Fatal(err)
-		}
-		fx.secrets[name] = secret
-		f.Tokens = append(f.Tokens, auth.TokenEntry{Name: name, SHA256: auth.Hash(secret), Permissions: ps})
-	}
-	fx.write(t, &f)
-	return fx
-}
-
-func (fx *authFixture) write(t *testing.T, f *auth.File) {
-	t.Helper()
-	b, err := json.Marshal(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fx.path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+// authTokens writes a token file with one token per role (testcluster's
+// auth.go).
+var authTokens = tc.AuthTokens
 
 var authRoles = map[string][]string{
 	"node":    {"cluster"},
@@ -60,15 +30,7 @@ var authRoles = map[string][]string{
 	"other":   {"publish:invoices", "consume:invoices", "admin:invoices", "monitor"},
 }
 
-// startAuthCluster starts n nodes with --auth-file; nodes authenticate to
-// each other with the node token from the environment.
-func startAuthCluster(t *testing.T, n int, fx *authFixture, opts ...tc.Option) *tc.Cluster {
-	t.Helper()
-	cl := tc.NewClient(15*time.Second, 16).WithToken(fx.secrets["ops"])
-	opts = append([]tc.Option{tc.WithFlags("--auth-file", fx.path), tc.WithEnv("MQD_NODE_TOKEN=" + fx.secrets["node"]),
-		tc.WithClient(cl)}, opts...)
-	return tc.Start(t, n, opts...)
-}
+var startAuthCluster = tc.StartAuth
 
 // authCase is one route of the matrix: who lacks the permission, who holds
 // it, and the status the holder gets.
@@ -154,7 +116,7 @@ func TestAuthMatrix(t *testing.T) {
 				return r
 			}
 			if ac.with != "" {
-				for _, bad := range []string{"", "mqd_wrong", fx.secrets["node"] + "x"} {
+				for _, bad := range []string{"", "mqd_wrong", fx.Secrets["node"] + "x"} {
 					r := do(bad)
 					expectError(t, name+" token "+short(bad), r, 401, "unauthenticated")
 					if bad != "" && strings.Contains(string(r.Body), bad) {
@@ -166,9 +128,9 @@ func TestAuthMatrix(t *testing.T) {
 				}
 			}
 			if ac.without != "" {
-				expectError(t, name+" token "+ac.without, do(fx.secrets[ac.without]), 403, "forbidden")
+				expectError(t, name+" token "+ac.without, do(fx.Secrets[ac.without]), 403, "forbidden")
 			}
-			r := do(fx.secrets[ac.with])
+			r := do(fx.Secrets[ac.with])
 			if ac.path == "/readyz" && r.Status == 503 && strings.Contains(string(r.Body), `"ready":false`) {
 				continue // open all the same: a follower may be a moment behind the writes above
 			}
@@ -180,7 +142,7 @@ func TestAuthMatrix(t *testing.T) {
 	// The topic list shows only what a token may see.
 	for token, want := range map[string]string{"pub": "orders", "other": "invoices", "ops": "invoices,orders", "monitor": ""} {
 		for _, n := range []*tc.Node{l, fs[1]} {
-			r, err := anon.WithToken(fx.secrets[token]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/topics", nil, nil)
+			r, err := anon.WithToken(fx.Secrets[token]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/topics", nil, nil)
 			if err != nil || r.Status != 200 {
 				t.Fatalf("list as %s: %v %v", token, err, r)
 			}
@@ -205,11 +167,11 @@ func TestAuthMatrix(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := anon.WithToken(fx.secrets["monitor"]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/metrics", nil, nil)
+		r, err := anon.WithToken(fx.Secrets["monitor"]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/metrics", nil, nil)
 		if err != nil || r.Status != 200 {
 			t.Fatalf("metrics of %s: %v %v", n.ID(), err, r)
 		}
-		for name, s := range fx.secrets {
+		for name, s := range fx.Secrets {
 			if strings.Contains(string(b), s) {
 				t.Errorf("node %s's log holds the secret of token %s", n.ID(), name)
 			}
@@ -256,44 +218,44 @@ func TestAuthReload(t *testing.T) {
 		}
 		return r.Status
 	}
-	if st := publishAs(fx.secrets["pub"]); st != 201 {
+	if st := publishAs(fx.Secrets["pub"]); st != 201 {
 		t.Fatalf("pub before reload: %d", st)
 	}
 	// Grant with the CLI, revoke "pub" by rewriting the file.
-	out, err := exec.Command(tc.Binary(t), "token", "new", "--name", "late", "--permission", "publish:t", "--auth-file", fx.path).Output()
+	out, err := exec.Command(tc.Binary(t), "token", "new", "--name", "late", "--permission", "publish:t", "--auth-file", fx.Path).Output()
 	if err != nil {
 		t.Fatalf("mqd token new: %v", err)
 	}
 	late := strings.TrimSpace(string(out))
-	if fi, err := os.Stat(fx.path); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(fx.Path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("auth file after token new: %v %v", fi.Mode(), err)
 	}
-	data, _ := os.ReadFile(fx.path)
+	data, _ := os.ReadFile(fx.Path)
 	if strings.Contains(string(data), late) {
 		t.Fatal("the auth file holds the new secret")
 	}
-	f, err := auth.Parse(data)
-	if err != nil {
+	var f tc.TokenFile
+	if err := json.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
-	var kept []auth.TokenEntry
+	var kept []tc.TokenEntry
 	for _, e := range f.Tokens {
 		if e.Name != "pub" {
 			kept = append(kept, e)
 		}
 	}
 	f.Tokens = kept
-	fx.write(t, f)
+	fx.Write(t, &f)
 	if st := publishAs(late); st != 401 {
 		t.Fatalf("new token before SIGHUP: %d, want 401", st)
 	}
 	n.Reload()
 	waitStatus(t, func() int { return publishAs(late) }, 201, "new token after SIGHUP")
-	if st := publishAs(fx.secrets["pub"]); st != 401 {
+	if st := publishAs(fx.Secrets["pub"]); st != 401 {
 		t.Fatalf("revoked token after SIGHUP: %d, want 401", st)
 	}
 	// A bad file: the tokens in force stay, the log says why.
-	if err := os.WriteFile(fx.path, []byte(`{"tokens":[{"name":"x","sha256":"nothex"}]}`), 0o600); err != nil {
+	if err := os.WriteFile(fx.Path, []byte(`{"tokens":[{"name":"x","sha256":"nothex"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n.Reload()
@@ -422,7 +384,7 @@ func TestHUPWhileStarting(t *testing.T) {
 	}
 	defer lf.Close()
 	cmd := exec.Command(tc.Binary(t), "--data-dir", filepath.Join(dir, "d"), "--http-addr", "127.0.0.1:0",
-		"--raft-addr", "127.0.0.1:0", "--auth-file", fx.path)
+		"--raft-addr", "127.0.0.1:0", "--auth-file", fx.Path)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -502,7 +464,7 @@ func TestJoinWithWrongNodeTokenWarns(t *testing.T) {
 	}
 	// It never heard from a leader (-1, not 0 as a leader says), and is not
 	// ready: 503 with Retry-After, as every 503.
-	nodeClient := tc.NewClient(10*time.Second, 2).WithToken(fx.secrets["node"])
+	nodeClient := tc.NewClient(10*time.Second, 2).WithToken(fx.Secrets["node"])
 	r, err := nodeClient.Do(ctx, http.MethodGet, n2.URL()+"/v1/internal/status", nil, nil)
 	var st struct {
 		LastContactMs *int64 `json:"last_contact_ms"`

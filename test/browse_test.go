@@ -181,33 +181,7 @@ func checkBrowseRefusals(t *testing.T, n *tc.Node) {
 	}
 }
 
-// waitApplied waits until every live node has applied what the leader
-// had committed when called, so that a view taken after is not one a
-// lagging follower changes later.
-func waitApplied(t *testing.T, c *tc.Cluster) {
-	t.Helper()
-	ctx := ctxFor(t, 30*time.Second)
-	l, err := c.Leader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lci, err := l.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Live() {
-		for {
-			ci, err := n.Cluster(ctx)
-			if err == nil && ci.AppliedIndex >= lci.CommitIndex {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s: not caught up to %d: %v %+v", n, lci.CommitIndex, err, ci)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-}
+var waitApplied = tc.WaitApplied
 
 // settled waits until the cluster's own start-up entries are written
 // (every member's addresses recorded, the state format raised), so that a

@@ -309,8 +309,8 @@ func TestCLITLSAndToken(t *testing.T) {
 	t.Parallel()
 	ca := tc.NewCA(t, "cli-ca")
 	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "pub": {"publish:orders*"}})
-	cl := tc.NewTLSClient(15*time.Second, 4, ca.Pool(), nil).WithToken(fx.secrets["ops"])
-	c := tc.Start(t, 1, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.path))
+	cl := tc.NewTLSClient(15*time.Second, 4, ca.Pool(), nil).WithToken(fx.Secrets["ops"])
+	c := tc.Start(t, 1, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.Path))
 	srv := c.Node(0).URL()
 	if !strings.HasPrefix(srv, "https://") {
 		t.Fatalf("node URL %s, want https", srv)
@@ -324,14 +324,14 @@ func TestCLITLSAndToken(t *testing.T) {
 			t.Errorf("exit %d, stdout %q, stderr %q; want exit %d with %q", r.code, r.stdout, r.stderr, code, want)
 		}
 	}
-	expect(run("", "topic", "create", "orders", "--tls-ca", ca.CertPath(), "--token", fx.secrets["ops"]), 0, "created topic orders")
-	expect(run(fx.secrets["ops"], "topic", "list"), 1, "certificate")                               // no --tls-ca: not trusted
+	expect(run("", "topic", "create", "orders", "--tls-ca", ca.CertPath(), "--token", fx.Secrets["ops"]), 0, "created topic orders")
+	expect(run(fx.Secrets["ops"], "topic", "list"), 1, "certificate")                               // no --tls-ca: not trusted
 	expect(run("", "topic", "list", "--tls-ca", ca.CertPath()), 1, "unauthenticated")               // no token
 	expect(run("wrong", "topic", "list", "--tls-ca", ca.CertPath()), 1, "unauthenticated")          // unknown token
-	expect(run(fx.secrets["pub"], "pub", "orders", "hi", "--tls-ca", ca.CertPath()), 0, "offset 0") // MQD_TOKEN
-	expect(run(fx.secrets["pub"], "topic", "delete", "orders", "--tls-ca", ca.CertPath()), 1, "forbidden")
-	expect(run(fx.secrets["pub"], "sub", "orders", "--group", "g", "--tls-ca", ca.CertPath()), 1, "forbidden")
-	expect(run(fx.secrets["ops"], "topic", "info", "orders", "--tls-ca", ca.CertPath()), 0, "messages  1")
+	expect(run(fx.Secrets["pub"], "pub", "orders", "hi", "--tls-ca", ca.CertPath()), 0, "offset 0") // MQD_TOKEN
+	expect(run(fx.Secrets["pub"], "topic", "delete", "orders", "--tls-ca", ca.CertPath()), 1, "forbidden")
+	expect(run(fx.Secrets["pub"], "sub", "orders", "--group", "g", "--tls-ca", ca.CertPath()), 1, "forbidden")
+	expect(run(fx.Secrets["ops"], "topic", "info", "orders", "--tls-ca", ca.CertPath()), 0, "messages  1")
 }
 
 // A one-shot command gives up after trying each server twice (at least

@@ -37,7 +37,7 @@ func TestConsoleManages(t *testing.T) {
 
 	useToken := func(name string) {
 		t.Helper()
-		setValue(t, b, `#token`, fx.secrets[name])
+		setValue(t, b, `#token`, fx.Secrets[name])
 		err := chromedp.Do(b, chromedp.Click(`#token-save`))
 		if err != nil {
 			t.Fatalf("use token %s: %v", name, err)

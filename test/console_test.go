@@ -130,7 +130,7 @@ func TestConsole(t *testing.T) {
 		t.Errorf("banner without a token: %q, want it to ask for one", bannerText)
 	}
 	err = chromedp.Do(b,
-		chromedp.SendKeys(`#token`, fx.secrets["console"]),
+		chromedp.SendKeys(`#token`, fx.Secrets["console"]),
 		chromedp.Click(`#token-save`),
 		chromedp.WaitVisible(`#topic-table tr[data-topic="`+topic+`"]`),
 		chromedp.Click(`#topic-table tr[data-topic="`+topic+`"]`),
@@ -143,7 +143,7 @@ func TestConsole(t *testing.T) {
 	if err != nil {
 		t.Fatalf("find the dead letter in the console: %v", err)
 	}
-	if stored := mustRun(t, b, chromedp.Evaluate[string](`sessionStorage.getItem("mqd-token")`)); stored != fx.secrets["console"] {
+	if stored := mustRun(t, b, chromedp.Evaluate[string](`sessionStorage.getItem("mqd-token")`)); stored != fx.Secrets["console"] {
 		t.Errorf("sessionStorage holds %q, want the pasted token", stored)
 	}
 	topicRow := textOf(t, b, `#topic-table tr[data-topic="`+topic+`"]`)

@@ -267,7 +267,7 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	}
 	if r, err := d.f.Do(d.ctx, "GET", "/metrics", nil, nil); err != nil {
 		t.Error(err)
-	} else if want := `mqd_fsm_recoveries_total{reason="` + dc.reason + `"}`; !strings.Contains(string(r.Body), want) {
+	} else if want := `mqd_fsm_recoveries_total{raft_group="default",reason="` + dc.reason + `"}`; !strings.Contains(string(r.Body), want) {
 		t.Errorf("%s's /metrics has no %s", d.f, want)
 	}
 	if dc.aside != "" {

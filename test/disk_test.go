@@ -179,7 +179,9 @@ func waitMetric(ctx context.Context, n *tc.Node, name string, ok func(float64) b
 		r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
 		if err == nil && r.Status == 200 {
 			for _, line := range strings.Split(string(r.Body), "\n") {
-				if v, found := strings.CutPrefix(line, name+" "); found {
+				// The series of name, with or without labels (the raft
+				// metrics carry raft_group).
+				if series, v, found := strings.Cut(line, " "); found && (series == name || strings.HasPrefix(series, name+"{")) {
 					last = v
 					if f, err := strconv.ParseFloat(v, 64); err == nil && ok(f) {
 						return nil

@@ -2,9 +2,7 @@ package test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"sort"
 	"strings"
@@ -15,64 +13,18 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// ctxFor returns a context that ends after d or with the test.
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// mustLeader waits (bounded) for the cluster's agreed leader.
-func mustLeader(t testing.TB, c *tc.Cluster) *tc.Node {
-	t.Helper()
-	l, err := c.Leader(ctxFor(t, 30*time.Second))
-	if err != nil {
-		t.Fatalf("leader: %v", err)
-	}
-	return l
-}
-
-// mustFollowers returns the leader and two followers of a healthy 3-node cluster.
-func mustRoles(t testing.TB, c *tc.Cluster) (*tc.Node, []*tc.Node) {
-	t.Helper()
-	l := mustLeader(t, c)
-	var fs []*tc.Node
-	for _, n := range c.Live() {
-		if n != l {
-			fs = append(fs, n)
-		}
-	}
-	if len(fs) == 0 {
-		t.Fatalf("no follower")
-	}
-	return l, fs
-}
-
-func mustTopic(t testing.TB, n *tc.Node, topic string, cfg map[string]any) {
-	t.Helper()
-	if _, err := n.PutTopic(ctxFor(t, 15*time.Second), topic, cfg); err != nil {
-		t.Fatalf("create topic %s via %s: %v", topic, n, err)
-	}
-}
-
-func mustPublish(t testing.TB, n *tc.Node, topic, payload string, hdr map[string]string) tc.PublishResult {
-	t.Helper()
-	pr, _, err := n.Publish(ctxFor(t, 15*time.Second), topic, []byte(payload), hdr)
-	if err != nil {
-		t.Fatalf("publish %q to %s via %s: %v", payload, topic, n, err)
-	}
-	return pr
-}
-
-// retryable reports whether an error from a typed helper is worth retrying:
-// no answer, or 503.
-func retryable(err error) bool {
-	var se *tc.StatusError
-	if errors.As(err, &se) {
-		return se.Status == http.StatusServiceUnavailable
-	}
-	return err != nil
-}
+// The helpers every system-test package shares live in internal/testcluster
+// (must.go); these names keep the tests of this package short.
+var (
+	ctxFor      = tc.CtxFor
+	mustLeader  = tc.MustLeader
+	mustRoles   = tc.MustRoles
+	mustTopic   = tc.MustTopic
+	mustPublish = tc.MustPublish
+	retryable   = tc.Retryable
+	drain       = tc.Drain
+	ackAll      = tc.AckAll
+)
 
 // publishRetry publishes through the nodes in turn until one answers 2xx or
 // ctx ends. It retries only after no answer or 503; since every retry may
@@ -96,70 +48,6 @@ func publishRetry(ctx context.Context, nodes []*tc.Node, topic, payload string) 
 			return pr, fmt.Errorf("publish %q: %v (last error: %v)", payload, ctx.Err(), last)
 		case <-time.After(200 * time.Millisecond):
 		}
-	}
-}
-
-// drain fetches and acks everything a group can get through n, until fetches
-// have come back empty for idle. Transient errors are retried until ctx ends.
-// It returns the delivered messages in delivery order.
-func drain(ctx context.Context, n *tc.Node, topic, group string, idle time.Duration) ([]tc.Message, error) {
-	var out []tc.Message
-	lastSeen := time.Now()
-	for {
-		if err := ctx.Err(); err != nil {
-			return out, fmt.Errorf("drain %s/%s via %s: %w after %d messages", topic, group, n, err, len(out))
-		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		msgs, _, err := n.Fetch(rctx, topic, group, tc.FetchRequest{Max: 100, WaitMs: 300, LeaseMs: 120000})
-		cancel()
-		if err != nil {
-			if !retryable(err) {
-				return out, err
-			}
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		if len(msgs) == 0 {
-			if time.Since(lastSeen) >= idle {
-				return out, nil
-			}
-			continue
-		}
-		lastSeen = time.Now()
-		out = append(out, msgs...)
-		if err := ackAll(ctx, n, topic, group, msgs); err != nil {
-			return out, err
-		}
-	}
-}
-
-// ackAll acks msgs, retrying transient failures, and checks every result is ok.
-func ackAll(ctx context.Context, n *tc.Node, topic, group string, msgs []tc.Message) error {
-	receipts := make([]string, len(msgs))
-	for i, m := range msgs {
-		receipts[i] = m.Receipt
-	}
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		res, _, err := n.Ack(rctx, topic, group, receipts)
-		cancel()
-		if err != nil {
-			if !retryable(err) || ctx.Err() != nil {
-				return fmt.Errorf("ack via %s: %w", n, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		if len(res) != len(receipts) {
-			return fmt.Errorf("ack via %s: %d results for %d receipts", n, len(res), len(receipts))
-		}
-		for i, r := range res {
-			if r.Status != "ok" {
-				return fmt.Errorf("ack via %s: receipt %d (%s/%d@%d) status %q, want ok",
-					n, i, msgs[i].Topic, msgs[i].Partition, msgs[i].Offset, r.Status)
-			}
-		}
-		return nil
 	}
 }
 

@@ -154,7 +154,7 @@ wait:
 		if rerr == nil && r.Status == 503 && strings.Contains(string(r.Body), "not voting") {
 			t.Logf("%s /readyz: %s", f1, r.Body)
 			m, merr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
-			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\"default\"} 1\n") {
 				t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", f1, merr)
 			}
 			restricted = true
@@ -521,7 +521,7 @@ func TestConflictAtAppliedIndexRefused(t *testing.T) {
 		t.Errorf("%s applied index %d, past its own %d: it applied the conflicting leader's entries", s.l, got, s.applied)
 	}
 	m, err := s.l.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
-	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted 1\n") {
+	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\"default\"} 1\n") {
 		t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", s.l, err)
 	}
 	if b := mustRead(t, filepath.Join(s.l.DataDir(), "lost-entries")); !strings.Contains(string(b), `"diverged":true`) {

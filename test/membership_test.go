@@ -13,34 +13,10 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// describe renders a /v1/cluster answer's nodes for failure messages.
-func describe(ci tc.ClusterInfo) string {
-	var parts []string
-	for _, n := range ci.Nodes {
-		parts = append(parts, fmt.Sprintf("%s=%s(voter %v, contact %dms, commit %d)", n.ID, n.State, n.Voter, n.LastContactMs, n.CommitIndex))
-	}
-	return fmt.Sprintf("leader %q: %s", ci.LeaderID(), strings.Join(parts, " "))
-}
-
-// waitView polls n's /v1/cluster until ok accepts it.
-func waitView(ctx context.Context, n *tc.Node, what string, ok func(tc.ClusterInfo) bool) (tc.ClusterInfo, error) {
-	var last tc.ClusterInfo
-	var lastErr error
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ci, err := n.Cluster(rctx)
-		cancel()
-		if err == nil && ok(ci) {
-			return ci, nil
-		}
-		last, lastErr = ci, err
-		select {
-		case <-ctx.Done():
-			return last, fmt.Errorf("%s: /v1/cluster of %s never showed %s: last %s (%v)", ctx.Err(), n, what, describe(last), lastErr)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
+var (
+	describe = tc.DescribeCluster
+	waitView = tc.WaitView
+)
 
 // healthy: want voters, exactly one leader, the others followers,
 // everyone heard from recently.

@@ -140,7 +140,7 @@ func TestMetricsFamilies(t *testing.T) {
 		{"mqd_nacked_messages_total", tg, 1},
 		{"mqd_dead_lettered_messages_total", tg, 1},
 		{"mqd_group_acked_messages_total", tg, 1},
-		{"mqd_raft_state", map[string]string{"state": "leader"}, 1},
+		{"mqd_raft_state", map[string]string{"state": "leader", "raft_group": "default"}, 1},
 		// Four: the repeat of k0 is proposed and committed too (the FSM
 		// answers it as a duplicate; the leader has no pre-check).
 		{"mqd_publish_commit_seconds", nil, 4},

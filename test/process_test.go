@@ -203,7 +203,7 @@ func TestProcessPermissions(t *testing.T) {
 	for _, tp := range []string{"orders", "payments", "audit"} {
 		mustTopic(t, leader, tp, nil)
 	}
-	as := func(who string) *tc.Client { return tc.DefaultClient.WithToken(fx.secrets[who]) }
+	as := func(who string) *tc.Client { return tc.DefaultClient.WithToken(fx.Secrets[who]) }
 	if r, err := as("feeder").Do(ctx, http.MethodPost, leader.URL()+"/v1/topics/orders/messages", "o1", nil); err != nil || r.Expect(201) != nil {
 		t.Fatalf("publish: %v %v", err, r.Expect(201))
 	}

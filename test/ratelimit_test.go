@@ -83,14 +83,14 @@ func TestRateLimitPerToken(t *testing.T) {
 	url := c.Node(0).URL() + "/v1/cluster"
 	limited, ra := 0, 0
 	for range 10 { // ten connections, ten requests each
-		l, r := burst(t, tc.NewClient(10*time.Second, 1).WithToken(fx.secrets["greedy"]), url, 10)
+		l, r := burst(t, tc.NewClient(10*time.Second, 1).WithToken(fx.Secrets["greedy"]), url, 10)
 		limited, ra = limited+l, max(ra, r)
 	}
 	if limited < 50 {
 		t.Fatalf("%d of 100 requests of one token limited at 20/s, want most", limited)
 	}
-	if l, _ := burst(t, tc.NewClient(10*time.Second, 1).WithToken(fx.secrets["calm"]), url, 5); l != 0 {
+	if l, _ := burst(t, tc.NewClient(10*time.Second, 1).WithToken(fx.Secrets["calm"]), url, 5); l != 0 {
 		t.Fatalf("another token got %d 429s", l)
 	}
-	waitServed(t, tc.NewClient(10*time.Second, 1).WithToken(fx.secrets["greedy"]), url, ra)
+	waitServed(t, tc.NewClient(10*time.Second, 1).WithToken(fx.Secrets["greedy"]), url, ra)
 }

@@ -50,8 +50,8 @@ func TestTLSCluster(t *testing.T) {
 	t.Parallel()
 	ca := tc.NewCA(t, "cluster-ca")
 	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*", "publish:*", "consume:*"}})
-	cl := tc.NewTLSClient(15*time.Second, 16, ca.Pool(), nil).WithToken(fx.secrets["ops"])
-	c := tc.Start(t, 3, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.path))
+	cl := tc.NewTLSClient(15*time.Second, 16, ca.Pool(), nil).WithToken(fx.Secrets["ops"])
+	c := tc.Start(t, 3, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.Path))
 	l, fs := mustRoles(t, c)
 	mustTopic(t, fs[0], "t", nil) // forwarded to the leader over mutual TLS
 	for i, n := range c.Nodes() {
@@ -104,7 +104,7 @@ func TestTLSCluster(t *testing.T) {
 		out, err := exec.Command(tc.Binary(t), args...).CombinedOutput()
 		return string(out), err
 	}
-	base := []string{"--server", l.URL(), "--token", fx.secrets["ops"]}
+	base := []string{"--server", l.URL(), "--token", fx.Secrets["ops"]}
 	if out, err := cli(append([]string{"topic", "list"}, append(base, "--tls-ca", ca.CertPath())...)...); err != nil || !strings.Contains(out, "t") {
 		t.Fatalf("mqd topic list over TLS: %v\n%s", err, out)
 	}
@@ -114,7 +114,7 @@ func TestTLSCluster(t *testing.T) {
 	// Nodes joined by certificate: no token was needed for it.
 	for _, n := range c.Nodes() {
 		b, _ := os.ReadFile(n.LogPath())
-		if strings.Contains(string(b), fx.secrets["ops"]) {
+		if strings.Contains(string(b), fx.Secrets["ops"]) {
 			t.Errorf("node %s's log holds a token", n.ID())
 		}
 	}

@@ -1,5 +1,5 @@
 // Package faultproxy is an HTTP proxy put in front of one mqd node by the
-// client conformance suite (test/conformance_test.go). It forwards every
+// client conformance suite (test/clients/conformance_test.go). It forwards every
 // request to its node and, when a rule matches, injects a fault instead:
 // the answer lost after the node handled the request (the ambiguous outcome),
 // a reset before forwarding, a made-up error answer (503 or 429 with

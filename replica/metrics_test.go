@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"testing"
@@ -11,7 +11,7 @@ import (
 // a view of the state at some index did not hold keeps those that got
 // events after that index (a group created since the view was taken).
 func TestGroupTalliesDrop(t *testing.T) {
-	n := &Node{metrics: newNodeMetrics()}
+	n := &Group{metrics: newGroupMetrics(DefaultGroup)}
 	var idx uint64
 	n.metrics.applied = func() uint64 { return idx }
 	g1, g2 := fsm.TopicGroup{Topic: "t", Group: "g1"}, fsm.TopicGroup{Topic: "t", Group: "g2"}

@@ -1,4 +1,4 @@
-package test
+package clients
 
 import (
 	"bytes"
@@ -83,9 +83,9 @@ func TestExamplesCrossLanguage(t *testing.T) {
 	classes := requireExampleTools(t)
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 5*time.Minute)
+	ctx := tc.CtxFor(t, 5*time.Minute)
 	const topic = "orders.examples"
-	mustTopic(t, n, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
+	tc.MustTopic(t, n, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
 	for _, g := range []string{"billing", "audit", "ledger"} { // before publishing: retention keeps messages for them
 		if r, err := n.Do(ctx, "PUT", "/v1/topics/"+topic+"/groups/"+g, nil, nil); err != nil || (r.Status != 201 && r.Status != 200) {
 			t.Fatalf("PUT group %s: %v %+v", g, err, r)
@@ -270,10 +270,10 @@ func TestExamplesSurviveFailover(t *testing.T) {
 	t.Parallel()
 	classes := requireExampleTools(t)
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 4*time.Minute)
-	leader := mustLeader(t, c)
+	ctx := tc.CtxFor(t, 4*time.Minute)
+	leader := tc.MustLeader(t, c)
 	const topic, count = "orders.failover", 60
-	mustTopic(t, leader, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
 	for _, g := range []string{"billing", "audit", "ledger"} {
 		if r, err := leader.Do(ctx, "PUT", "/v1/topics/"+topic+"/groups/"+g, nil, nil); err != nil || (r.Status != 201 && r.Status != 200) {
 			t.Fatalf("PUT group %s: %v %+v", g, err, r)

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"fmt"
@@ -28,7 +28,7 @@ import (
 // node does not vote, stand, or report ready.
 type guardedLog struct {
 	raft.LogStore
-	n *Node
+	g *Group
 }
 
 // IsMonotonic passes raft-wal's answer through (raft resets a monotonic
@@ -40,12 +40,12 @@ func (g guardedLog) IsMonotonic() bool {
 
 // StoreLogs refuses an entry at the applied index with another term.
 func (g guardedLog) StoreLogs(logs []*raft.Log) error {
-	if len(logs) > 0 && logs[0].Index <= g.n.FSM.AppliedFloor() {
-		idx, term := g.n.FSM.LostEvidence()
+	if len(logs) > 0 && logs[0].Index <= g.g.fsm.AppliedFloor() {
+		idx, term := g.g.fsm.LostEvidence()
 		for _, l := range logs {
 			if l.Index == idx && l.Term != term {
 				why := fmt.Sprintf("a leader sent an entry at index %d with term %d, where the state applied term %d", idx, l.Term, term)
-				g.n.diverged(why)
+				g.g.diverged(why)
 				return fmt.Errorf("%w: %s", errLostEntries, why)
 			}
 		}
@@ -58,14 +58,14 @@ func (g guardedLog) StoreLog(l *raft.Log) error { return g.StoreLogs([]*raft.Log
 
 // DeleteRange refuses to clear applied entries no snapshot covers.
 func (g guardedLog) DeleteRange(lo, hi uint64) error {
-	if applied := g.n.FSM.AppliedFloor(); lo <= applied {
-		snap, err := g.n.latestSnapshotIndex()
+	if applied := g.g.fsm.AppliedFloor(); lo <= applied {
+		snap, err := g.g.latestSnapshotIndex()
 		if err != nil {
 			return err
 		}
 		if lo > snap {
 			why := fmt.Sprintf("raft would clear the log from index %d to %d, though the state applied up to %d (a leader's log conflicts with entries this node applied)", lo, hi, applied)
-			g.n.diverged(why)
+			g.g.diverged(why)
 			return fmt.Errorf("%w: %s", errLostEntries, why)
 		}
 	}
@@ -74,8 +74,8 @@ func (g guardedLog) DeleteRange(lo, hi uint64) error {
 
 // latestSnapshotIndex is the index of the newest snapshot in the store (0
 // if none).
-func (n *Node) latestSnapshotIndex() (uint64, error) {
-	list, err := n.snaps.List()
+func (g *Group) latestSnapshotIndex() (uint64, error) {
+	list, err := g.snaps.List()
 	if err != nil {
 		return 0, fmt.Errorf("snapshot store: %w", err)
 	}

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"os"
@@ -11,20 +11,20 @@ import (
 // reclaim snapshot the older one is a copy of the state from before the
 // trims and deletes, which raft would keep until the next snapshot. The
 // latest is all raft reads, at start or to send to a follower.
-func (n *Node) dropOlderSnapshots() {
-	metas, err := n.snaps.List()
+func (g *Group) dropOlderSnapshots() {
+	metas, err := g.snaps.List()
 	if err != nil || len(metas) < 2 {
 		return
 	}
-	dir := filepath.Join(n.cfg.DataDir, "snapshots", "snapshots") // raft.FileSnapshotStore's layout
+	dir := filepath.Join(g.cfg.Dir, "snapshots", "snapshots") // raft.FileSnapshotStore's layout
 	for _, m := range metas[1:] {
 		if err := os.RemoveAll(filepath.Join(dir, m.ID)); err != nil {
-			n.logger.Warn("removing an older snapshot to give space back", "id", m.ID, "err", err)
+			g.logger.Warn("removing an older snapshot to give space back", "id", m.ID, "err", err)
 			continue
 		}
-		n.logger.Info("older snapshot removed to give space back", "id", m.ID, "size", m.Size)
+		g.logger.Info("older snapshot removed to give space back", "id", m.ID, "size", m.Size)
 	}
 	if err := durable.SyncDir(dir); err != nil {
-		n.logger.Warn("sync of the snapshot dir", "err", err)
+		g.logger.Warn("sync of the snapshot dir", "err", err)
 	}
 }

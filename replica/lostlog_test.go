@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"errors"
@@ -13,13 +13,12 @@ import (
 
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
-	"github.com/mqd/mqd/replica"
 )
 
 // lostHarness is a node's FSM (at index 5, term 2), log store (raft's
 // in-memory one, holding 1 to 3), snapshot store and lost-entries guard,
 // without raft: what checkLostAtOpen and guardedLog read and write.
-func lostHarness(t *testing.T) (*Node, string) {
+func lostHarness(t *testing.T) (*Group, string) {
 	t.Helper()
 	dir := t.TempDir()
 	f, err := fsm.OpenFSM(filepath.Join(dir, "fsm.db"), slog.New(slog.DiscardHandler))
@@ -41,13 +40,13 @@ func lostHarness(t *testing.T) (*Node, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, err := newLostGuard(dir, slog.New(slog.DiscardHandler))
+	lost, err := newLostGuard(dir, newGroupMetrics(DefaultGroup).lostFound, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{FSM: f, snaps: snaps, lost: lost, logger: slog.New(slog.DiscardHandler),
-		stores: &replica.Stores{Log: store}}
-	return n, dir
+	gr := &Group{fsm: f, snaps: snaps, lost: lost, logger: slog.New(slog.DiscardHandler),
+		stores: &Stores{Log: store}}
+	return gr, dir
 }
 
 // TestLostEntriesRecordedAtOpen: a state applied past the log's end (5 >
@@ -55,15 +54,15 @@ func lostHarness(t *testing.T) (*Node, string) {
 // (a restart before catching up) is still restricted; lifting deletes the
 // record.
 func TestLostEntriesRecordedAtOpen(t *testing.T) {
-	n, dir := lostHarness(t)
-	idx, term := n.FSM.AppliedIndexTerm()
-	if err := n.checkLostAtOpen(idx, term, n.snaps); err != nil {
+	gr, dir := lostHarness(t)
+	idx, term := gr.fsm.AppliedIndexTerm()
+	if err := gr.checkLostAtOpen(idx, term, gr.snaps); err != nil {
 		t.Fatal(err)
 	}
-	if !n.lost.restricted() || n.lost.index() != 5 || !strings.Contains(n.lost.reason(), "entries 4 to 5 are gone") {
-		t.Fatalf("restricted %v index %d reason %q", n.lost.restricted(), n.lost.index(), n.lost.reason())
+	if !gr.lost.restricted() || gr.lost.index() != 5 || !strings.Contains(gr.lost.reason(), "entries 4 to 5 are gone") {
+		t.Fatalf("restricted %v index %d reason %q", gr.lost.restricted(), gr.lost.index(), gr.lost.reason())
 	}
-	again, err := newLostGuard(dir, slog.New(slog.DiscardHandler))
+	again, err := newLostGuard(dir, newGroupMetrics(DefaultGroup).lostFound, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +83,12 @@ func TestLostEntriesRecordedAtOpen(t *testing.T) {
 // TestLostEntriesNotAtOpenWhenLogHoldsThem: a log holding the applied
 // index restricts nothing.
 func TestLostEntriesNotAtOpenWhenLogHoldsThem(t *testing.T) {
-	n, _ := lostHarness(t)
-	if err := n.checkLostAtOpen(3, 2, n.snaps); err != nil {
+	gr, _ := lostHarness(t)
+	if err := gr.checkLostAtOpen(3, 2, gr.snaps); err != nil {
 		t.Fatal(err)
 	}
-	if n.lost.restricted() {
-		t.Fatalf("restricted: %s", n.lost.reason())
+	if gr.lost.restricted() {
+		t.Fatalf("restricted: %s", gr.lost.reason())
 	}
 }
 
@@ -98,26 +97,26 @@ func TestLostEntriesNotAtOpenWhenLogHoldsThem(t *testing.T) {
 // and the node is restricted for good; clearing entries past the applied
 // index is done.
 func TestGuardedLogRefusesClearingApplied(t *testing.T) {
-	n, dir := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.Log, n: n}
-	if err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 2}, {Index: 5, Term: 2}, {Index: 6, Term: 2}, {Index: 7, Term: 2}}); err != nil {
+	gr, dir := lostHarness(t)
+	gl := guardedLog{LogStore: gr.stores.Log, g: gr}
+	if err := gl.StoreLogs([]*raft.Log{{Index: 4, Term: 2}, {Index: 5, Term: 2}, {Index: 6, Term: 2}, {Index: 7, Term: 2}}); err != nil {
 		t.Fatalf("storing the applied entries at their own term: %v", err)
 	}
-	if n.lost.restricted() {
+	if gr.lost.restricted() {
 		t.Fatal("restricted by matching entries")
 	}
-	if err := g.DeleteRange(6, 7); err != nil {
+	if err := gl.DeleteRange(6, 7); err != nil {
 		t.Fatalf("clearing unapplied entries: %v", err)
 	}
-	err := g.DeleteRange(3, 5)
+	err := gl.DeleteRange(3, 5)
 	if !errors.Is(err, errLostEntries) {
 		t.Fatalf("clearing applied entries: %v, want errLostEntries", err)
 	}
-	if last, _ := g.LastIndex(); last != 5 {
+	if last, _ := gl.LastIndex(); last != 5 {
 		t.Fatalf("last index %d after the refused clear, want 5", last)
 	}
-	if !n.lost.restricted() || !strings.Contains(n.lost.reason(), "for good") {
-		t.Fatalf("restricted %v: %q", n.lost.restricted(), n.lost.reason())
+	if !gr.lost.restricted() || !strings.Contains(gr.lost.reason(), "for good") {
+		t.Fatalf("restricted %v: %q", gr.lost.restricted(), gr.lost.reason())
 	}
 	b, err := os.ReadFile(filepath.Join(dir, lostFile))
 	if err != nil || !strings.Contains(string(b), `"diverged":true`) {
@@ -129,16 +128,16 @@ func TestGuardedLogRefusesClearingApplied(t *testing.T) {
 // the state applied, an entry of another term is refused (the state holds
 // another history); entries below it pass (they are checked by that one).
 func TestGuardedLogRefusesOtherTermAtApplied(t *testing.T) {
-	n, _ := lostHarness(t)
-	g := guardedLog{LogStore: n.stores.Log, n: n}
-	err := g.StoreLogs([]*raft.Log{{Index: 4, Term: 3}, {Index: 5, Term: 3}})
+	gr, _ := lostHarness(t)
+	gl := guardedLog{LogStore: gr.stores.Log, g: gr}
+	err := gl.StoreLogs([]*raft.Log{{Index: 4, Term: 3}, {Index: 5, Term: 3}})
 	if !errors.Is(err, errLostEntries) {
 		t.Fatalf("storing term 3 at the applied index 5 (applied at term 2): %v", err)
 	}
-	if last, _ := g.LastIndex(); last != 3 {
+	if last, _ := gl.LastIndex(); last != 3 {
 		t.Fatalf("last index %d, want 3 (nothing stored)", last)
 	}
-	if !n.lost.restricted() {
+	if !gr.lost.restricted() {
 		t.Fatal("not restricted")
 	}
 }
@@ -146,8 +145,8 @@ func TestGuardedLogRefusesOtherTermAtApplied(t *testing.T) {
 // TestGuardedLogAllowsCompaction: deleting entries a snapshot covers (the
 // log's head, after a snapshot) is not refused, though they are applied.
 func TestGuardedLogAllowsCompaction(t *testing.T) {
-	n, _ := lostHarness(t)
-	sink, err := n.snaps.Create(raft.SnapshotVersionMax, 3, 2, raft.Configuration{}, 1, nil)
+	gr, _ := lostHarness(t)
+	sink, err := gr.snaps.Create(raft.SnapshotVersionMax, 3, 2, raft.Configuration{}, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,11 +156,11 @@ func TestGuardedLogAllowsCompaction(t *testing.T) {
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g := guardedLog{LogStore: n.stores.Log, n: n}
-	if err := g.DeleteRange(1, 3); err != nil {
+	gl := guardedLog{LogStore: gr.stores.Log, g: gr}
+	if err := gl.DeleteRange(1, 3); err != nil {
 		t.Fatalf("compaction: %v", err)
 	}
-	if n.lost.restricted() {
-		t.Fatalf("restricted by compaction: %s", n.lost.reason())
+	if gr.lost.restricted() {
+		t.Fatalf("restricted by compaction: %s", gr.lost.reason())
 	}
 }

@@ -1,4 +1,4 @@
-package test
+package clients
 
 import (
 	"bytes"
@@ -41,7 +41,7 @@ func TestClientConformance(t *testing.T) {
 	}
 	c := tc.Start(t, 3)
 	for _, n := range c.Nodes() { // process is refused (503) until the state format is raised
-		if _, err := waitView(ctxFor(t, 30*time.Second), n, "state format 3", func(ci tc.ClusterInfo) bool {
+		if _, err := tc.WaitView(tc.CtxFor(t, 30*time.Second), n, "state format 3", func(ci tc.ClusterInfo) bool {
 			return ci.StateFormat >= fsm.ProcessFormat
 		}); err != nil {
 			t.Fatal(err)
@@ -244,15 +244,15 @@ func (s *conformanceSuite) run(t *testing.T, cs conformanceCase, d conformanceDr
 		topic += "-broken"
 	}
 	cs = substituteTopic(t, cs, topic)
-	ctx := ctxFor(t, 2*time.Minute)
-	leader := mustLeader(t, s.c)
+	ctx := tc.CtxFor(t, 2*time.Minute)
+	leader := tc.MustLeader(t, s.c)
 	cfg := map[string]any{"backoff_base_ms": 0, "backoff_jitter_ms": 0}
 	for k, v := range cs.Setup.Topic {
 		cfg[k] = v
 	}
-	mustTopic(t, leader, topic, cfg)
+	tc.MustTopic(t, leader, topic, cfg)
 	for _, m := range cs.Setup.Publish {
-		mustPublish(t, leader, topic, m.Value, map[string]string{"Idempotency-Key": m.Key})
+		tc.MustPublish(t, leader, topic, m.Value, map[string]string{"Idempotency-Key": m.Key})
 	}
 	defer s.heal(t)
 	order := s.serverOrder(leader, cs.FirstServer)

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"context"
@@ -75,16 +75,14 @@ type lostGuard struct {
 	mu     sync.Mutex
 	mark   *lostMark // nil: not restricted
 	on     atomic.Bool
-	found  prometheus.Counter
+	found  prometheus.Counter // the group's mqd_raft_lost_entries_found_total
 	// restores is FSM.Restores when the restriction began: a snapshot
 	// restored since replaced the state with the leader's.
 	restores uint64
 }
 
-func newLostGuard(dir string, logger *slog.Logger) (*lostGuard, error) {
-	g := &lostGuard{dir: dir, logger: logger, found: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "mqd_raft_lost_entries_found_total",
-		Help: "Times this node found that its raft log lost, or a leader would replace, entries its state applied (it then stops voting: mqd_raft_vote_restricted)."})}
+func newLostGuard(dir string, found prometheus.Counter, logger *slog.Logger) (*lostGuard, error) {
+	g := &lostGuard{dir: dir, logger: logger, found: found}
 	b, err := os.ReadFile(filepath.Join(dir, lostFile))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -192,11 +190,11 @@ func (g *lostGuard) lift(why string) error {
 
 // checkLostAtOpen restricts the node when its state applied more than its
 // log and snapshots hold. applied and term are the state's as opened.
-func (n *Node) checkLostAtOpen(applied, term uint64, snaps raft.SnapshotStore) error {
+func (g *Group) checkLostAtOpen(applied, term uint64, snaps raft.SnapshotStore) error {
 	if applied == 0 {
 		return nil
 	}
-	last, err := n.stores.Log.LastIndex()
+	last, err := g.stores.Log.LastIndex()
 	if err != nil {
 		return fmt.Errorf("raft log store: %w", err)
 	}
@@ -209,9 +207,9 @@ func (n *Node) checkLostAtOpen(applied, term uint64, snaps raft.SnapshotStore) e
 	if applied <= max(last, snap) {
 		return nil
 	}
-	return n.lost.restrict(lostMark{Index: applied, Term: term, Reason: fmt.Sprintf(
+	return g.lost.restrict(lostMark{Index: applied, Term: term, Reason: fmt.Sprintf(
 		"the state applied index %d but the raft log ends at %d and the latest snapshot is at %d: entries %d to %d are gone from this node's log",
-		applied, last, snap, max(last, snap)+1, applied)}, n.FSM.Restores())
+		applied, last, snap, max(last, snap)+1, applied)}, g.fsm.Restores())
 }
 
 // lostEvery is how often a restricted node checks whether it caught up.
@@ -219,7 +217,7 @@ const lostEvery = 100 * time.Millisecond
 
 // lostLoop lifts the restriction once the node holds the leader's log past
 // the index it lost, until ctx ends.
-func (n *Node) lostLoop(ctx context.Context) {
+func (g *Group) lostLoop(ctx context.Context) {
 	t := time.NewTicker(lostEvery)
 	defer t.Stop()
 	for {
@@ -228,12 +226,12 @@ func (n *Node) lostLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !n.lost.restricted() {
+		if !g.lost.restricted() {
 			continue
 		}
-		if how := n.caughtUpPastLost(); how != "" {
-			if err := n.lost.lift(how); err != nil {
-				n.logger.Error("lifting the lost-entries restriction", "err", err)
+		if how := g.caughtUpPastLost(); how != "" {
+			if err := g.lost.lift(how); err != nil {
+				g.logger.Error("lifting the lost-entries restriction", "err", err)
 			}
 		}
 	}
@@ -244,68 +242,51 @@ func (n *Node) lostLoop(ctx context.Context) {
 // committed it and this node holds it) and the log holds there the term
 // the state applied (so the logs match up to it); or a snapshot from the
 // leader replaced the state at or past it.
-func (n *Node) caughtUpPastLost() string {
-	n.lost.mu.Lock()
-	m, restores := n.lost.mark, n.lost.restores
-	n.lost.mu.Unlock()
-	if m == nil || m.Diverged || n.Raft.AppliedIndex() < m.Index {
+func (g *Group) caughtUpPastLost() string {
+	g.lost.mu.Lock()
+	m, restores := g.lost.mark, g.lost.restores
+	g.lost.mu.Unlock()
+	if m == nil || m.Diverged || g.raft.AppliedIndex() < m.Index {
 		return ""
 	}
 	var l raft.Log
-	err := n.stores.Log.GetLog(m.Index, &l)
+	err := g.stores.Log.GetLog(m.Index, &l)
 	switch {
 	case err == nil && l.Term == m.Term:
 		return fmt.Sprintf("the log holds index %d at term %d, as the state applied it", m.Index, m.Term)
 	case err == nil:
-		n.diverged(fmt.Sprintf("the leader's entry at index %d has term %d, the state applied term %d there", m.Index, l.Term, m.Term))
-	case n.FSM.Restores() > restores && n.FSM.AppliedIndex() >= m.Index:
-		return fmt.Sprintf("a snapshot from the leader replaced the state, applied to %d", n.FSM.AppliedIndex())
+		g.diverged(fmt.Sprintf("the leader's entry at index %d has term %d, the state applied term %d there", m.Index, l.Term, m.Term))
+	case g.fsm.Restores() > restores && g.fsm.AppliedIndex() >= m.Index:
+		return fmt.Sprintf("a snapshot from the leader replaced the state, applied to %d", g.fsm.AppliedIndex())
 	}
 	return ""
 }
 
 // diverged restricts the node for good: the cluster's log differs from the
 // one its state applied.
-func (n *Node) diverged(why string) {
-	idx, term := n.FSM.AppliedIndexTerm()
-	if err := n.lost.restrict(lostMark{Index: idx, Term: term, Reason: why, Diverged: true}, n.FSM.Restores()); err != nil {
-		n.logger.Error("recording the divergence", "err", err)
+func (g *Group) diverged(why string) {
+	idx, term := g.fsm.AppliedIndexTerm()
+	if err := g.lost.restrict(lostMark{Index: idx, Term: term, Reason: why, Diverged: true}, g.fsm.Restores()); err != nil {
+		g.logger.Error("recording the divergence", "err", err)
 	}
 }
 
 // leadGate holds a newly elected leader back from serving while it is
 // restricted (a one-node cluster elects its only voter without a vote
 // from anyone): it returns false when ctx ends first.
-func (n *Node) leadGate(ctx context.Context) bool {
-	if !n.lost.restricted() {
+func (g *Group) leadGate(ctx context.Context) bool {
+	if !g.lost.restricted() {
 		return true
 	}
 	// Elected while refusing every vote: the only voter. No other node
 	// holds the lost entries; the state does (a backup of it restored as a
 	// new cluster keeps them: docs/operations.md, Backup and restore).
-	n.logger.Error("elected, but not serving: " + n.lost.reason() +
+	g.logger.Error("elected, but not serving: " + g.lost.reason() +
 		"; this cluster's only voter has no other copy of the lost entries: restore as a new cluster (mqd restore) the fsm.db.lost-<time> copy it kept in its data dir, or, after a clean stop, a backup of its state (GET /v1/cluster/backup)")
-	for n.lost.restricted() {
-		if pauseCtx(ctx, lostEvery) != nil {
+	for g.lost.restricted() {
+		if Pause(ctx, lostEvery) != nil {
 			return false
 		}
 	}
 	return true
-}
-
-// lostCollectors are the restriction's metrics.
-func (n *Node) lostCollectors() []prometheus.Collector {
-	return []prometheus.Collector{n.lost.found,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_raft_vote_restricted",
-			Help: "1 while this node neither votes nor stands for election: its raft log lost entries its state applied (or a leader sent entries that differ from them); /readyz says why."},
-			func() float64 {
-				if n.lost.restricted() {
-					return 1
-				}
-				return 0
-			}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mqd_raft_vote_restricted_index",
-			Help: "The raft index this node's log must hold (at the term its state applied there) before it votes again; 0 when it votes."},
-			func() float64 { return float64(n.lost.index()) }),
-	}
 }

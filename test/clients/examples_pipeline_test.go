@@ -1,4 +1,4 @@
-package test
+package clients
 
 import (
 	"bufio"
@@ -42,16 +42,16 @@ func TestExamplesPipeline(t *testing.T) {
 	t.Parallel()
 	classes := requireExampleTools(t)
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 4*time.Minute)
-	leader := mustLeader(t, c)
+	ctx := tc.CtxFor(t, 4*time.Minute)
+	leader := tc.MustLeader(t, c)
 	for _, n := range c.Nodes() { // process is refused (503) until the state format is raised
-		if _, err := waitView(ctx, n, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= fsm.ProcessFormat }); err != nil {
+		if _, err := tc.WaitView(ctx, n, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= fsm.ProcessFormat }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	groups := map[string][]string{"orders": {"payments", "audit"}, "payments": {"notifications", "audit"}, "notifications": {"audit"}}
 	for topic, gs := range groups {
-		mustTopic(t, leader, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
+		tc.MustTopic(t, leader, topic, map[string]any{"partitions": 3, "backoff_base_ms": 200, "backoff_jitter_ms": 0})
 		for _, g := range gs { // before publishing: retention keeps messages for them
 			if r, err := leader.Do(ctx, "PUT", "/v1/topics/"+topic+"/groups/"+g, nil, nil); err != nil || (r.Status != 201 && r.Status != 200) {
 				t.Fatalf("PUT group %s/%s: %v %+v", topic, g, err, r)
@@ -152,7 +152,7 @@ func checkPipeline(ctx context.Context, t *testing.T, n *tc.Node, orders, payKey
 // checkStoredOnce reads the whole topic through its "audit" group: every
 // key of want exactly once, nothing else.
 func checkStoredOnce(ctx context.Context, t *testing.T, n *tc.Node, topic string, want []string) {
-	msgs, err := drain(ctx, n, topic, "audit", 2*time.Second)
+	msgs, err := tc.Drain(ctx, n, topic, "audit", 2*time.Second)
 	if err != nil {
 		t.Errorf("reading %s: %v", topic, err)
 		return

@@ -1,4 +1,4 @@
-package raftfsm
+package replica
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // times live in the replicated state; the wheel is rebuilt from it each time
 // this node becomes leader and fed by every applied batch while it leads.
 type scheduler struct {
-	n      *Node
+	g      *Group
 	wheel  *delay.Wheel[wakeup]
 	active atomic.Bool
 	kick   chan struct{} // a lease expiry is due: sweep
@@ -32,13 +32,13 @@ type wakeup struct {
 	lease bool
 }
 
-func newScheduler(n *Node) *scheduler {
-	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond, Clock: ServiceClock{}})
+func newScheduler(g *Group) *scheduler {
+	w, err := delay.New[wakeup](delay.Config{Tick: 10 * time.Millisecond, Clock: clockFunc(g.cfg.Now)})
 	if err != nil {
 		panic(err) // the config is a constant
 	}
-	s := &scheduler{n: n, wheel: w, kick: make(chan struct{}, 1), intern: map[string]string{}}
-	n.FSM.Schedule = s.add
+	s := &scheduler{g: g, wheel: w, kick: make(chan struct{}, 1), intern: map[string]string{}}
+	g.fsm.Schedule = s.add
 	return s
 }
 
@@ -71,9 +71,9 @@ func (s *scheduler) run(ctx context.Context) {
 	s.wheel.Reset()
 	s.active.Store(true) // before the rebuild: a batch applied meanwhile is not missed
 	defer s.active.Store(false)
-	now := Now().UnixMilli()
+	now := s.g.cfg.Now().UnixMilli()
 	var batch []group.Timer
-	err := s.n.FSM.View(func(tx *bolt.Tx) error {
+	err := s.g.fsm.View(func(tx *bolt.Tx) error {
 		return group.ForEachTimer(tx, now, func(t group.Timer) {
 			batch = append(batch, t)
 			if len(batch) == 4096 {
@@ -84,9 +84,9 @@ func (s *scheduler) run(ctx context.Context) {
 	})
 	s.add(batch)
 	if err != nil {
-		s.n.logger.Error("rebuild timing wheel", "err", err)
+		s.g.logger.Error("rebuild timing wheel", "err", err)
 	}
-	s.n.logger.Info("timing wheel rebuilt", "timers", s.wheel.Len())
+	s.g.logger.Info("timing wheel rebuilt", "timers", s.wheel.Len())
 	s.wheel.Run(ctx, s.fire)
 }
 
@@ -107,6 +107,11 @@ func (s *scheduler) fire(due []wakeup) {
 		}
 	}
 	if len(topics) > 0 {
-		s.n.FSM.Wake(topics)
+		s.g.fsm.Wake(topics)
 	}
 }
+
+// clockFunc is a clock function as a delay.Clock.
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }

@@ -1,0 +1,108 @@
+// Work spread over a cluster: three topics, publishers spread evenly over
+// them and over the nodes they publish through, on 3 and 5 nodes.
+//
+//	go test -run '^$' -bench Spread -benchtime 20000x ./bench/
+//
+// b.N is the number of messages (1 KiB, 48 publishers, publisher i writes
+// topic i%3 through node i%N, so every node is an entry point). Each node's
+// CPU (user + system, /proc/PID/stat) over the timed part, per message:
+// nodeK_us/msg; cluster_us/msg is their sum, busiest_share the largest
+// node's part of it, and leaders the number of distinct nodes leading the
+// three topics (placement.leader in GET /v1/topics/{topic}, or the
+// cluster's leader while topics have no placement of their own).
+//
+// model_msgs/s is the throughput a cluster of N separate machines would
+// reach, each with this machine's cores to itself: the busiest node
+// saturates first, so it is cores × 1 s ÷ busiest_us/msg. The model assumes
+// CPU is the bound (not the disk's fsync rate nor the network) and that a
+// node's CPU per message does not change with load; on this shared 2-core
+// machine all nodes compete for the same cores, so msgs/s itself cannot grow
+// with nodes: the busiest share is what shows the spread.
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+)
+
+func BenchmarkSpread(b *testing.B) {
+	for _, nodes := range []int{3, 5} {
+		b.Run(fmt.Sprintf("nodes=%d/topics=3", nodes), func(b *testing.B) {
+			s := startSystem(b, nodes)
+			all := s.c.Nodes()
+			topics := make([]string, 3)
+			for i := range topics {
+				topics[i] = s.topic(b, fmt.Sprintf("spread-%d", i), nil)
+			}
+			leaders := topicLeaders(b, s, topics)
+			body := payload(payloadSize)
+			const publishers = 48
+			urls := make([]string, publishers)
+			for w := range urls {
+				urls[w] = all[w%len(all)].URL() + "/v1/topics/" + topics[w%len(topics)] + "/messages"
+			}
+			op := func(w int, _ int64) (int, error) {
+				_, err := s.post(context.Background(), urls[w], body, nil, http.StatusCreated)
+				return 1, err
+			}
+			before := nodesCPU(b, all)
+			b.ResetTimer()
+			n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
+			b.StopTimer()
+			after := nodesCPU(b, all)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms := []metric{{float64(n) / elapsed.Seconds(), "msgs/s"}}
+			per := make([]float64, len(all))
+			var total float64
+			for i := range all {
+				per[i] = float64(after[i]-before[i]) / float64(time.Microsecond) / float64(n)
+				total += per[i]
+				ms = append(ms, metric{per[i], fmt.Sprintf("node%d_us/msg", i+1)})
+			}
+			busiest := slices.Max(per)
+			ms = append(ms, metric{total, "cluster_us/msg"}, metric{busiest / total, "busiest_share"},
+				metric{float64(leaders), "leaders"},
+				metric{float64(runtime.NumCPU()) * float64(time.Second/time.Microsecond) / busiest, "model_msgs/s"})
+			report(b, append(ms, latencyMetrics("", lat)...))
+		})
+	}
+}
+
+// topicLeaders counts the distinct nodes leading topics.
+func topicLeaders(b *testing.B, s *system, topics []string) int {
+	b.Helper()
+	seen := map[string]bool{}
+	for _, t := range topics {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := s.leader.Do(ctx, http.MethodGet, "/v1/topics/"+t, nil, nil)
+		cancel()
+		var ans struct {
+			Placement *struct {
+				Leader string `json:"leader"`
+			} `json:"placement"`
+		}
+		if err == nil {
+			err = r.Expect(http.StatusOK)
+		}
+		if err == nil {
+			err = r.JSON(&ans)
+		}
+		if err != nil {
+			b.Fatalf("topic %s: %v", t, err)
+		}
+		if ans.Placement != nil && ans.Placement.Leader != "" {
+			seen[ans.Placement.Leader] = true
+		} else {
+			seen[s.leader.ID()] = true
+		}
+	}
+	return len(seen)
+}
