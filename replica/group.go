@@ -461,6 +461,12 @@ func (g *Group) Shutdown() error {
 		}
 	}
 	err := g.raft.Shutdown().Error()
+	// raft's NetworkTransport.Close stops the listener only: the
+	// connections it pooled to the peers stay open, and each keeps a
+	// handler goroutine on the peer (BenchmarkIdleGroups counts them).
+	if cs, ok := g.cfg.Transport.(interface{ CloseStreams() }); ok {
+		cs.CloseStreams()
+	}
 	g.trans.Close()
 	g.closeStores()
 	return err

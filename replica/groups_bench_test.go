@@ -1,0 +1,254 @@
+package replica
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Issue 22: what an idle raft group costs a process. The figures are in
+// docs/performance.md (Idle cost per raft group).
+var (
+	idleWindow  = flag.Duration("idlewindow", 10*time.Second, "BenchmarkIdleGroups: the idle window measured")
+	idleProfile = flag.String("idleprofile", "", "BenchmarkIdleGroups: write a CPU profile of the idle window (not of the set-up) to this file, suffixed with K")
+)
+
+// countingTransport counts the heartbeats a replica sends: hashicorp/raft
+// sends them as AppendEntries without entries, outside the pipeline
+// (which carries replication); an idle group sends nothing else.
+type countingTransport struct {
+	*raft.NetworkTransport
+	beats *atomic.Int64
+}
+
+func (c countingTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if len(args.Entries) == 0 {
+		c.beats.Add(1)
+	}
+	return c.NetworkTransport.AppendEntries(id, target, args, resp)
+}
+
+// idleSample is what the process holds and has spent at one moment.
+type idleSample struct {
+	cpu        time.Duration // user + system, the whole process
+	goroutines int
+	fds        int
+	heap       uint64 // bytes in live objects, after a GC
+	at         time.Time
+}
+
+func sampleIdle(b *testing.B) idleSample {
+	b.Helper()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return idleSample{cpu: cpu, goroutines: runtime.NumGoroutine(), fds: len(fds), heap: ms.HeapAlloc, at: time.Now()}
+}
+
+// openIdleGroups opens k groups of three replicas (one per data dir, each
+// on its own TCP transport, node defaults for snapshots and the log) and
+// runs them; stop ends and shuts down every replica.
+func openIdleGroups(b *testing.B, ctx context.Context, k int, dataDirs []string, beats *atomic.Int64) (reps []*Group, stop func()) {
+	b.Helper()
+	logger := slog.New(slog.DiscardHandler)
+	var stops []func()
+	stop = func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	for gi := range k {
+		id := fmt.Sprintf("g%03d", gi)
+		var servers []raft.Server
+		var trans []GatedTransport
+		for i := range dataDirs {
+			tr, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 3, 10*time.Second, NewHclog(logger, "raft"))
+			if err != nil {
+				stop()
+				b.Fatal(err)
+			}
+			trans = append(trans, countingTransport{tr, beats})
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(fmt.Sprintf("n%d", i+1)), Address: tr.LocalAddr()})
+		}
+		for i, dataDir := range dataDirs {
+			dir, err := GroupDir(dataDir, id)
+			if err != nil {
+				stop()
+				b.Fatal(err)
+			}
+			g, err := OpenGroup(GroupConfig{ID: id, NodeID: string(servers[i].ID), Dir: dir, Transport: trans[i],
+				LogStore: LogStoreWAL, WALSegment: 64 << 20, SnapshotThreshold: 8192, SnapshotInterval: 30 * time.Second,
+				TrailingLogs: 10240, Logger: logger})
+			if err != nil {
+				stop()
+				b.Fatalf("open %s on n%d: %v", id, i+1, err)
+			}
+			if err := g.Bootstrap(servers); err != nil {
+				stop()
+				b.Fatalf("bootstrap %s: %v", id, err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); g.Run(rctx) }()
+			reps = append(reps, g)
+			stops = append(stops, func() {
+				cancel()
+				<-done
+				if err := g.Shutdown(); err != nil {
+					b.Errorf("shutdown %s: %v", g.ID(), err)
+				}
+			})
+		}
+	}
+	return reps, stop
+}
+
+// diskUse counts the files and directories under each group's directory
+// and the bytes they take on disk (allocated blocks, not apparent size).
+func diskUse(b *testing.B, reps []*Group) (files int, bytes int64) {
+	b.Helper()
+	for _, g := range reps {
+		err := filepath.WalkDir(g.Dir(), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			files++
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				bytes += st.Blocks * 512
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return files, bytes
+}
+
+// BenchmarkIdleGroups opens K idle groups of three replicas each in one
+// process (three "nodes": three data dirs), waits until every group has a
+// serving leader and a little more, then measures the process over an idle
+// window against the same window measured before the groups were opened.
+// Per group means all three replicas of it; a node hosts one of them.
+//
+//	go test -run XXX -bench IdleGroups -benchtime 1x ./replica/ [-idlewindow 10s] [-idleprofile cpu.out]
+func BenchmarkIdleGroups(b *testing.B) {
+	for _, k := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("K=%d", k), func(b *testing.B) {
+			for range b.N {
+				idleGroups(b, k)
+			}
+		})
+	}
+}
+
+func idleGroups(b *testing.B, k int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dataDirs := []string{b.TempDir(), b.TempDir(), b.TempDir()}
+
+	// K=0: the same process, the same window, nothing open.
+	base := sampleIdle(b)
+	if Pause(ctx, *idleWindow) != nil {
+		b.Fatal(ctx.Err())
+	}
+	baseEnd := sampleIdle(b)
+	baseCPU := baseEnd.cpu - base.cpu
+	baseWall := baseEnd.at.Sub(base.at)
+
+	var beats atomic.Int64
+	reps, stop := openIdleGroups(b, ctx, k, dataDirs, &beats)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	wait, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer wcancel()
+	for gi := 0; gi < k; gi++ {
+		for !(reps[3*gi].Serving() || reps[3*gi+1].Serving() || reps[3*gi+2].Serving()) {
+			if Pause(wait, 20*time.Millisecond) != nil {
+				b.Fatalf("group %d: no serving leader: %v", gi, wait.Err())
+			}
+		}
+	}
+	// Let the term's first work (barrier, checkpoints, wheel rebuild) end.
+	if Pause(ctx, 2*time.Second) != nil {
+		b.Fatal(ctx.Err())
+	}
+
+	b.ResetTimer()
+	if *idleProfile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.K%d", *idleProfile, k))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
+	start, beats0 := sampleIdle(b), beats.Load()
+	if Pause(ctx, *idleWindow) != nil {
+		b.Fatal(ctx.Err())
+	}
+	end, beats1 := sampleIdle(b), beats.Load()
+	if *idleProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	b.StopTimer()
+
+	wall := end.at.Sub(start.at).Seconds()
+	cpu := (end.cpu - start.cpu).Seconds() - baseCPU.Seconds()*wall/baseWall.Seconds()
+	files, bytes := diskUse(b, reps)
+	kf := float64(k)
+	b.ReportMetric(1000*cpu/wall/kf, "cpu_ms_per_group_s")
+	b.ReportMetric(float64(beats1-beats0)/wall/kf, "heartbeats/group_s")
+	b.ReportMetric(float64(end.goroutines-base.goroutines)/kf, "goroutines/group")
+	b.ReportMetric(float64(end.fds-base.fds)/kf, "fds/group")
+	b.ReportMetric(float64(files)/kf, "files/group")
+	b.ReportMetric(float64(bytes)/1024/kf, "disk_KiB/group")
+	b.ReportMetric((float64(end.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
+	b.ReportMetric(1000*baseCPU.Seconds()/baseWall.Seconds(), "base_cpu_ms_s")
+
+	stopped = true
+	stop()
+	// Every goroutine the groups started ends with them.
+	leak := time.Now().Add(20 * time.Second)
+	for runtime.NumGoroutine() > base.goroutines+2 {
+		if time.Now().After(leak) {
+			b.Errorf("goroutines: %d after shutdown, %d before the groups opened", runtime.NumGoroutine(), base.goroutines)
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			break
+		}
+		if Pause(ctx, 20*time.Millisecond) != nil {
+			break
+		}
+	}
+}
