@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -22,22 +24,46 @@ import (
 // docs/performance.md (Idle cost per raft group).
 var (
 	idleWindow  = flag.Duration("idlewindow", 10*time.Second, "BenchmarkIdleGroups: the idle window measured")
-	idleProfile = flag.String("idleprofile", "", "BenchmarkIdleGroups: write a CPU profile of the idle window (not of the set-up) to this file, suffixed with K")
+	idleProfile = flag.String("idleprofile", "", "BenchmarkIdleGroups: write a CPU profile of the idle window (not of the set-up) and a heap profile at its start to files named by this prefix and the sub-benchmark")
 )
 
-// countingTransport counts the heartbeats a replica sends: hashicorp/raft
-// sends them as AppendEntries without entries, outside the pipeline
-// (which carries replication); an idle group sends nothing else.
+// rpcCounts are the AppendEntries a group's replicas send.
+type rpcCounts struct {
+	beats   atomic.Int64 // heartbeats: AppendEntries without entries, outside the pipeline
+	appends atomic.Int64 // through the pipeline (replication; idle: the commit index every CommitTimeout)
+}
+
+// countingTransport counts the AppendEntries a replica sends: hashicorp/raft
+// sends heartbeats on their own, every HeartbeatTimeout/10 to 2× that,
+// and everything else through the pipeline.
 type countingTransport struct {
 	*raft.NetworkTransport
-	beats *atomic.Int64
+	n *rpcCounts
 }
 
 func (c countingTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	if len(args.Entries) == 0 {
-		c.beats.Add(1)
+		c.n.beats.Add(1)
 	}
 	return c.NetworkTransport.AppendEntries(id, target, args, resp)
+}
+
+func (c countingTransport) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	p, err := c.NetworkTransport.AppendEntriesPipeline(id, target)
+	if err != nil {
+		return nil, err
+	}
+	return countingPipeline{p, c.n}, nil
+}
+
+type countingPipeline struct {
+	raft.AppendPipeline
+	n *rpcCounts
+}
+
+func (p countingPipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) (raft.AppendFuture, error) {
+	p.n.appends.Add(1)
+	return p.AppendPipeline.AppendEntries(args, resp)
 }
 
 // idleSample is what the process holds and has spent at one moment.
@@ -69,14 +95,23 @@ func sampleIdle(b *testing.B) idleSample {
 // openIdleGroups opens k groups of three replicas (one per data dir, each
 // on its own TCP transport, node defaults for snapshots and the log) and
 // runs them; stop ends and shuts down every replica.
-func openIdleGroups(b *testing.B, ctx context.Context, k int, dataDirs []string, beats *atomic.Int64) (reps []*Group, stop func()) {
+func openIdleGroups(b *testing.B, ctx context.Context, k int, dataDirs []string, n *rpcCounts) (reps []*Group, stop func()) {
 	b.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	var stops []func()
+	// stop stops the groups side by side, each group's replicas one after
+	// the other (as nodes stopping in turn: the leader hands off first).
 	stop = func() {
-		for _, s := range stops {
-			s()
+		var wg sync.WaitGroup
+		for from := 0; from < len(stops); from += len(dataDirs) {
+			group := stops[from:min(from+len(dataDirs), len(stops))]
+			wg.Go(func() {
+				for _, s := range group {
+					s()
+				}
+			})
 		}
+		wg.Wait()
 	}
 	for gi := range k {
 		id := fmt.Sprintf("g%03d", gi)
@@ -88,7 +123,7 @@ func openIdleGroups(b *testing.B, ctx context.Context, k int, dataDirs []string,
 				stop()
 				b.Fatal(err)
 			}
-			trans = append(trans, countingTransport{tr, beats})
+			trans = append(trans, countingTransport{tr, n})
 			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(fmt.Sprintf("n%d", i+1)), Address: tr.LocalAddr()})
 		}
 		for i, dataDir := range dataDirs {
@@ -165,6 +200,14 @@ func BenchmarkIdleGroups(b *testing.B) {
 			}
 		})
 	}
+	// The same, with the idle leader's commit-index AppendEntries 10× rarer.
+	b.Run("K=16,commit=500ms", func(b *testing.B) {
+		defer func(d time.Duration) { raftCommitTimeout = d }(raftCommitTimeout)
+		raftCommitTimeout = 500 * time.Millisecond
+		for range b.N {
+			idleGroups(b, 16)
+		}
+	})
 }
 
 func idleGroups(b *testing.B, k int) {
@@ -181,8 +224,8 @@ func idleGroups(b *testing.B, k int) {
 	baseCPU := baseEnd.cpu - base.cpu
 	baseWall := baseEnd.at.Sub(base.at)
 
-	var beats atomic.Int64
-	reps, stop := openIdleGroups(b, ctx, k, dataDirs, &beats)
+	var n rpcCounts
+	reps, stop := openIdleGroups(b, ctx, k, dataDirs, &n)
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -204,21 +247,26 @@ func idleGroups(b *testing.B, k int) {
 	}
 
 	b.ResetTimer()
+	held := sampleIdle(b) // before the profile's file and goroutine
 	if *idleProfile != "" {
-		f, err := os.Create(fmt.Sprintf("%s.K%d", *idleProfile, k))
+		name := strings.NewReplacer("/", ".", "=", "", ",", ".").Replace(b.Name())
+		f, err := os.Create(*idleProfile + "." + name)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer f.Close()
+		if err := writeHeapProfile(*idleProfile + ".heap." + name); err != nil {
+			b.Fatal(err)
+		}
 		if err := pprof.StartCPUProfile(f); err != nil {
 			b.Fatal(err)
 		}
 	}
-	start, beats0 := sampleIdle(b), beats.Load()
+	start, beats0, appends0 := sampleIdle(b), n.beats.Load(), n.appends.Load()
 	if Pause(ctx, *idleWindow) != nil {
 		b.Fatal(ctx.Err())
 	}
-	end, beats1 := sampleIdle(b), beats.Load()
+	end, beats1, appends1 := sampleIdle(b), n.beats.Load(), n.appends.Load()
 	if *idleProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -230,15 +278,16 @@ func idleGroups(b *testing.B, k int) {
 	kf := float64(k)
 	b.ReportMetric(1000*cpu/wall/kf, "cpu_ms_per_group_s")
 	b.ReportMetric(float64(beats1-beats0)/wall/kf, "heartbeats/group_s")
-	b.ReportMetric(float64(end.goroutines-base.goroutines)/kf, "goroutines/group")
-	b.ReportMetric(float64(end.fds-base.fds)/kf, "fds/group")
+	b.ReportMetric(float64(appends1-appends0)/wall/kf, "appends/group_s")
+	b.ReportMetric(float64(held.goroutines-base.goroutines)/kf, "goroutines/group")
+	b.ReportMetric(float64(held.fds-base.fds)/kf, "fds/group")
 	b.ReportMetric(float64(files)/kf, "files/group")
 	b.ReportMetric(float64(bytes)/1024/kf, "disk_KiB/group")
-	b.ReportMetric((float64(end.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
+	b.ReportMetric((float64(held.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
 	b.ReportMetric(1000*baseCPU.Seconds()/baseWall.Seconds(), "base_cpu_ms_s")
 
 	stopped = true
-	stop()
+	stopWithin(b, stop, 2*time.Minute)
 	// Every goroutine the groups started ends with them.
 	leak := time.Now().Add(20 * time.Second)
 	for runtime.NumGoroutine() > base.goroutines+2 {
@@ -250,5 +299,39 @@ func idleGroups(b *testing.B, k int) {
 		if Pause(ctx, 20*time.Millisecond) != nil {
 			break
 		}
+	}
+}
+
+// writeHeapProfile writes what the heap holds now (after the GC of
+// sampleIdle) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// stopWithin runs stop, failing the benchmark if it has not returned
+// within d; the goroutines then are written to a file it names.
+func stopWithin(b *testing.B, stop func(), d time.Duration) {
+	b.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); stop() }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		path := filepath.Join(os.TempDir(), "idlegroups-shutdown.goroutines")
+		if f, err := os.Create(path); err == nil {
+			_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+			f.Close()
+		}
+		b.Fatalf("the groups' shutdown has not ended after %v (goroutines: %s)", d, path)
 	}
 }
