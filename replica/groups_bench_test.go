@@ -285,6 +285,11 @@ func idleGroups(b *testing.B, k int) {
 	b.ReportMetric(float64(bytes)/1024/kf, "disk_KiB/group")
 	b.ReportMetric((float64(held.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
 	b.ReportMetric(1000*baseCPU.Seconds()/baseWall.Seconds(), "base_cpu_ms_s")
+	// Logged too: a failed benchmark prints no metrics, and the shutdown
+	// below may fail it.
+	b.Logf("K=%d: %.2f cpu_ms_per_group_s, %.2f heartbeats/group_s, %.2f appends/group_s, %.2f goroutines/group, %.2f fds/group",
+		k, 1000*cpu/wall/kf, float64(beats1-beats0)/wall/kf, float64(appends1-appends0)/wall/kf,
+		float64(held.goroutines-base.goroutines)/kf, float64(held.fds-base.fds)/kf)
 
 	stopped = true
 	stopWithin(b, stop, 2*time.Minute)
