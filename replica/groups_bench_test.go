@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,8 +222,6 @@ func idleGroups(b *testing.B, k int) {
 		b.Fatal(ctx.Err())
 	}
 	baseEnd := sampleIdle(b)
-	baseCPU := baseEnd.cpu - base.cpu
-	baseWall := baseEnd.at.Sub(base.at)
 
 	var n rpcCounts
 	reps, stop := openIdleGroups(b, ctx, k, dataDirs, &n)
@@ -232,15 +231,7 @@ func idleGroups(b *testing.B, k int) {
 			stop()
 		}
 	}()
-	wait, wcancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer wcancel()
-	for gi := 0; gi < k; gi++ {
-		for !(reps[3*gi].Serving() || reps[3*gi+1].Serving() || reps[3*gi+2].Serving()) {
-			if Pause(wait, 20*time.Millisecond) != nil {
-				b.Fatalf("group %d: no serving leader: %v", gi, wait.Err())
-			}
-		}
-	}
+	waitServing(b, ctx, reps, len(dataDirs))
 	// Let the term's first work (barrier, checkpoints, wheel rebuild) end.
 	if Pause(ctx, 2*time.Second) != nil {
 		b.Fatal(ctx.Err())
@@ -248,48 +239,17 @@ func idleGroups(b *testing.B, k int) {
 
 	b.ResetTimer()
 	held := sampleIdle(b) // before the profile's file and goroutine
-	if *idleProfile != "" {
-		name := strings.NewReplacer("/", ".", "=", "", ",", ".").Replace(b.Name())
-		f, err := os.Create(*idleProfile + "." + name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		if err := writeHeapProfile(*idleProfile + ".heap." + name); err != nil {
-			b.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			b.Fatal(err)
-		}
-	}
+	stopProfile := startIdleProfile(b)
 	start, beats0, appends0 := sampleIdle(b), n.beats.Load(), n.appends.Load()
 	if Pause(ctx, *idleWindow) != nil {
 		b.Fatal(ctx.Err())
 	}
 	end, beats1, appends1 := sampleIdle(b), n.beats.Load(), n.appends.Load()
-	if *idleProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	b.StopTimer()
 
-	wall := end.at.Sub(start.at).Seconds()
-	cpu := (end.cpu - start.cpu).Seconds() - baseCPU.Seconds()*wall/baseWall.Seconds()
 	files, bytes := diskUse(b, reps)
-	kf := float64(k)
-	b.ReportMetric(1000*cpu/wall/kf, "cpu_ms_per_group_s")
-	b.ReportMetric(float64(beats1-beats0)/wall/kf, "heartbeats/group_s")
-	b.ReportMetric(float64(appends1-appends0)/wall/kf, "appends/group_s")
-	b.ReportMetric(float64(held.goroutines-base.goroutines)/kf, "goroutines/group")
-	b.ReportMetric(float64(held.fds-base.fds)/kf, "fds/group")
-	b.ReportMetric(float64(files)/kf, "files/group")
-	b.ReportMetric(float64(bytes)/1024/kf, "disk_KiB/group")
-	b.ReportMetric((float64(held.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
-	b.ReportMetric(1000*baseCPU.Seconds()/baseWall.Seconds(), "base_cpu_ms_s")
-	// Logged too: a failed benchmark prints no metrics, and the shutdown
-	// below may fail it.
-	b.Logf("K=%d: %.2f cpu_ms_per_group_s, %.2f heartbeats/group_s, %.2f appends/group_s, %.2f goroutines/group, %.2f fds/group",
-		k, 1000*cpu/wall/kf, float64(beats1-beats0)/wall/kf, float64(appends1-appends0)/wall/kf,
-		float64(held.goroutines-base.goroutines)/kf, float64(held.fds-base.fds)/kf)
+	reportIdle(b, k, base, baseEnd, held, start, end, beats1-beats0, appends1-appends0, files, bytes)
 
 	stopped = true
 	stopWithin(b, stop, 2*time.Minute)
@@ -305,6 +265,70 @@ func idleGroups(b *testing.B, k int) {
 			break
 		}
 	}
+}
+
+// waitServing waits (up to 2 min) until each group of reps (per
+// replicas in a row) has a serving leader.
+func waitServing(b *testing.B, ctx context.Context, reps []*Group, per int) {
+	b.Helper()
+	wait, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for from := 0; from < len(reps); from += per {
+		for !slices.ContainsFunc(reps[from:from+per], (*Group).Serving) {
+			if Pause(wait, 20*time.Millisecond) != nil {
+				b.Fatalf("group %s: no serving leader: %v", reps[from].ID(), wait.Err())
+			}
+		}
+	}
+}
+
+// startIdleProfile writes a heap profile and starts the CPU profile when
+// -idleprofile is set; what it returns stops the CPU profile.
+func startIdleProfile(b *testing.B) (stop func()) {
+	b.Helper()
+	if *idleProfile == "" {
+		return func() {}
+	}
+	name := strings.NewReplacer("/", ".", "=", "", ",", ".").Replace(b.Name())
+	if err := writeHeapProfile(*idleProfile + ".heap." + name); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Create(*idleProfile + "." + name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
+// reportIdle reports the window from start to end per group: CPU less the
+// baseline's rate, RPCs, and what the groups hold (held against base).
+func reportIdle(b *testing.B, k int, base, baseEnd, held, start, end idleSample, beats, appends int64, files int, bytes int64) {
+	b.Helper()
+	baseRate := (baseEnd.cpu - base.cpu).Seconds() / baseEnd.at.Sub(base.at).Seconds()
+	wall := end.at.Sub(start.at).Seconds()
+	kf := float64(k)
+	cpu := 1000 * ((end.cpu - start.cpu).Seconds() - baseRate*wall) / wall / kf
+	b.ReportMetric(cpu, "cpu_ms_per_group_s")
+	b.ReportMetric(float64(beats)/wall/kf, "heartbeats/group_s")
+	b.ReportMetric(float64(appends)/wall/kf, "appends/group_s")
+	b.ReportMetric(float64(held.goroutines-base.goroutines)/kf, "goroutines/group")
+	b.ReportMetric(float64(held.fds-base.fds)/kf, "fds/group")
+	b.ReportMetric(float64(files)/kf, "files/group")
+	b.ReportMetric(float64(bytes)/1024/kf, "disk_KiB/group")
+	b.ReportMetric((float64(held.heap)-float64(base.heap))/1024/kf, "heap_KiB/group")
+	b.ReportMetric(1000*baseRate, "base_cpu_ms_s")
+	// Logged too: a failed benchmark prints no metrics, and the shutdown
+	// after this may fail it.
+	b.Logf("K=%d: %.2f cpu_ms_per_group_s, %.2f heartbeats/group_s, %.2f appends/group_s, %.2f goroutines/group, %.2f fds/group",
+		k, cpu, float64(beats)/wall/kf, float64(appends)/wall/kf,
+		float64(held.goroutines-base.goroutines)/kf, float64(held.fds-base.fds)/kf)
 }
 
 // writeHeapProfile writes what the heap holds now (after the GC of
