@@ -18,6 +18,7 @@ import (
 	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/housekeep"
 	"github.com/mqd/mqd/internal/durable"
+	"github.com/mqd/mqd/internal/raftmux"
 	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 )
@@ -89,6 +90,7 @@ type Node struct {
 	Raft       *raft.Raft
 	FSM        *fsm.FSM
 	trans      *replica.VoteGate // raft's TCP transport, kept out of elections while lost is restricted
+	mux        *raftmux.Mux      // the node's raft port, shared by its groups (transport.go)
 	stores     *replica.Stores
 	lost       *lostGuard // lostlog.go
 	dirLock    *dirLock   // held from Open to Shutdown
@@ -240,7 +242,8 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
-	nt, err := newTransport(cfg, adv, hlog)
+	var nt *raft.NetworkTransport
+	n.mux, nt, err = openTransport(cfg, adv, hlog)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("raft transport: %w", err)
@@ -264,20 +267,20 @@ func Open(cfg Config) (*Node, error) {
 	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
 	n.hadState, err = raft.HasExistingState(logs, n.stores.Stable, snaps)
 	if err != nil {
-		n.trans.Close()
+		n.closeTransport()
 		n.closeStores()
 		return nil, err
 	}
 	rc.NoSnapshotRestoreOnStart, err = n.fsmCoversSnapshot(snaps)
 	if err != nil {
-		n.trans.Close()
+		n.closeTransport()
 		n.closeStores()
 		return nil, err
 	}
 	installRaftSink()
 	n.Raft, err = raft.NewRaft(rc, sm, logs, n.stores.Stable, snaps, n.trans)
 	if err != nil {
-		n.trans.Close()
+		n.closeTransport()
 		n.closeStores()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
@@ -444,7 +447,7 @@ func (n *Node) Shutdown() error {
 	err := n.Raft.Shutdown().Error()
 	n.recordClock()
 	n.closeReady()
-	n.trans.Close()
+	n.closeTransport()
 	n.closeStores()
 	return err
 }

@@ -1,49 +1,45 @@
 package raftfsm
 
 import (
-	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	"github.com/mqd/mqd/tlsconf"
+	"github.com/mqd/mqd/internal/raftmux"
 )
 
-// tlsStream is raft's stream layer over mutual TLS: it accepts only
-// peers presenting a certificate of the cluster's CA, and dials peers
-// presenting its own and verifying theirs. A node without the CA's
-// certificate can neither send nor receive log entries.
-type tlsStream struct {
-	net.Listener
-	adv net.Addr
-	tls *tlsconf.Store
+// errNotAdvertisable is an advertised raft address peers cannot dial
+// (what raft's own TCP transport refused before the mux).
+var errNotAdvertisable = errors.New("raft advertise address is not advertisable (unspecified IP)")
+
+// openTransport opens the node's one raft port (internal/raftmux: plain
+// TCP, or mutual TLS when cfg.TLS is set) and the transport of its
+// default group, the one nodes of the previous release talk to. Further
+// groups get theirs from the mux (Node.RaftMux).
+func openTransport(cfg Config, adv *net.TCPAddr, logger hclog.Logger) (*raftmux.Mux, *raft.NetworkTransport, error) {
+	if adv.IP == nil || adv.IP.IsUnspecified() {
+		return nil, nil, fmt.Errorf("%w: %s", errNotAdvertisable, adv)
+	}
+	m, err := raftmux.New(raftmux.Config{Addr: cfg.RaftAddr, Advertise: adv, TLS: cfg.TLS, Logger: cfg.Logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	nt, err := m.Transport(raftmux.Default, logger)
+	if err != nil {
+		_ = m.Close()
+		return nil, nil, err
+	}
+	return m, nt, nil
 }
 
-// Dial connects to a peer's raft address with mutual TLS.
-func (s *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := s.tls.DialTimeout(string(addr), timeout)
-	if err != nil {
-		return nil, fmt.Errorf("raft dial %s: %w", addr, err)
-	}
-	return c, nil
-}
+// RaftMux is the node's raft port, shared by its groups: a group's
+// transport is RaftMux().Transport(id, logger).
+func (n *Node) RaftMux() *raftmux.Mux { return n.mux }
 
-// Addr is the address peers dial (the advertised one).
-func (s *tlsStream) Addr() net.Addr { return s.adv }
-
-// newTransport is raft's TCP transport, over mutual TLS when cfg.TLS is set.
-func newTransport(cfg Config, adv *net.TCPAddr, logger hclog.Logger) (*raft.NetworkTransport, error) {
-	if cfg.TLS == nil {
-		return raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, logger)
-	}
-	ln, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, err
-	}
-	stream := &tlsStream{Listener: cfg.TLS.Listener(ln, tls.RequireAndVerifyClientCert, 10*time.Second), adv: adv, tls: cfg.TLS}
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: stream, MaxPool: 8, Timeout: 10 * time.Second, Logger: logger,
-	}), nil
+// closeTransport closes the default group's transport, then the port.
+func (n *Node) closeTransport() {
+	n.trans.Close()
+	_ = n.mux.Close()
 }
