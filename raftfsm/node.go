@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/internal/raftmux"
 	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/tlsconf"
 )
@@ -91,7 +92,8 @@ type Node struct {
 	def *replica.Group
 	// FSM is the default group's state machine.
 	FSM        *fsm.FSM
-	dirLock    *dirLock // held from Open to Shutdown
+	dirLock    *dirLock     // held from Open to Shutdown
+	mux        *raftmux.Mux // the node's raft port, shared by its groups (transport.go)
 	disk       *diskGuard
 	clock      *clock
 	clockStart startClock // timeline.go
@@ -143,6 +145,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	if n.def, err = n.openGroup(replica.DefaultGroup); err != nil {
+		n.closeMux()
 		lock.release()
 		return nil, err
 	}
@@ -169,15 +172,20 @@ func (n *Node) openGroup(id string) (*replica.Group, error) {
 	})
 }
 
-// groupTransport is raft's transport for group id: today the node's one
-// raft listener, which only the default group uses (transport.go; a
-// multiplexed listener would give each group its own stream on it).
+// groupTransport is raft's transport for group id on the node's one raft
+// port (internal/raftmux, opened with the first group): the default group's
+// connections are untagged, as nodes of the previous release expect.
 func (n *Node) groupTransport(id string) (replica.GatedTransport, error) {
-	adv, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAdvertise)
-	if err != nil {
-		return nil, fmt.Errorf("raft advertise address: %w", err)
+	if n.mux == nil {
+		adv, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAdvertise)
+		if err != nil {
+			return nil, fmt.Errorf("raft advertise address: %w", err)
+		}
+		if n.mux, err = openMux(n.cfg, adv); err != nil {
+			return nil, fmt.Errorf("raft transport: %w", err)
+		}
 	}
-	trans, err := newTransport(n.cfg, adv, replica.NewHclog(n.cfg.Logger, "raft"))
+	trans, err := n.mux.Transport(muxGroup(id), replica.NewHclog(n.cfg.Logger, "raft"))
 	if err != nil {
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}
@@ -299,6 +307,7 @@ func (n *Node) Run(ctx context.Context) {
 // given to Run.
 func (n *Node) Shutdown() error {
 	err := n.def.Shutdown()
+	n.closeMux() // after every group: they share the port
 	n.recordClock()
 	n.closeReady()
 	n.dirLock.release()

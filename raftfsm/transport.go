@@ -1,49 +1,43 @@
 package raftfsm
 
 import (
-	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/raft"
-	"github.com/mqd/mqd/tlsconf"
+	"github.com/mqd/mqd/internal/raftmux"
+	"github.com/mqd/mqd/replica"
 )
 
-// tlsStream is raft's stream layer over mutual TLS: it accepts only
-// peers presenting a certificate of the cluster's CA, and dials peers
-// presenting its own and verifying theirs. A node without the CA's
-// certificate can neither send nor receive log entries.
-type tlsStream struct {
-	net.Listener
-	adv net.Addr
-	tls *tlsconf.Store
+// errNotAdvertisable is an advertised raft address peers cannot dial
+// (what raft's own TCP transport refused before the mux).
+var errNotAdvertisable = errors.New("raft advertise address is not advertisable (unspecified IP)")
+
+// openMux opens the node's one raft port (internal/raftmux: plain TCP, or
+// mutual TLS when cfg.TLS is set); every group gets its transport from it
+// (Node.groupTransport).
+func openMux(cfg Config, adv *net.TCPAddr) (*raftmux.Mux, error) {
+	if adv.IP == nil || adv.IP.IsUnspecified() {
+		return nil, fmt.Errorf("%w: %s", errNotAdvertisable, adv)
+	}
+	return raftmux.New(raftmux.Config{Addr: cfg.RaftAddr, Advertise: adv, TLS: cfg.TLS, Logger: cfg.Logger})
 }
 
-// Dial connects to a peer's raft address with mutual TLS.
-func (s *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := s.tls.DialTimeout(string(addr), timeout)
-	if err != nil {
-		return nil, fmt.Errorf("raft dial %s: %w", addr, err)
+// muxGroup is the mux's name of group id: the default group is the mux's
+// untagged one, the group nodes of the previous release talk to.
+func muxGroup(id string) string {
+	if id == replica.DefaultGroup {
+		return raftmux.Default
 	}
-	return c, nil
+	return id
 }
 
-// Addr is the address peers dial (the advertised one).
-func (s *tlsStream) Addr() net.Addr { return s.adv }
+// RaftMux is the node's raft port, shared by its groups.
+func (n *Node) RaftMux() *raftmux.Mux { return n.mux }
 
-// newTransport is raft's TCP transport, over mutual TLS when cfg.TLS is set.
-func newTransport(cfg Config, adv *net.TCPAddr, logger hclog.Logger) (*raft.NetworkTransport, error) {
-	if cfg.TLS == nil {
-		return raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, logger)
+// closeMux closes the raft port, after the groups' transports.
+func (n *Node) closeMux() {
+	if n.mux != nil {
+		_ = n.mux.Close()
 	}
-	ln, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, err
-	}
-	stream := &tlsStream{Listener: cfg.TLS.Listener(ln, tls.RequireAndVerifyClientCert, 10*time.Second), adv: adv, tls: cfg.TLS}
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: stream, MaxPool: 8, Timeout: 10 * time.Second, Logger: logger,
-	}), nil
 }
