@@ -25,6 +25,8 @@ const (
 	maxDelayMs  = 90 * 24 * 3600 * 1000 // 90 days
 )
 
+// publishAnswer is the JSON of one published message; appendPublishAnswer
+// writes it.
 type publishAnswer struct {
 	Topic     string `json:"topic"`
 	Partition uint32 `json:"partition"`
@@ -94,7 +96,7 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	if p.Duplicate {
 		status = 200
 	}
-	writeJSON(ctx, status, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate})
+	writePublished(ctx, status, r.topic, p)
 	return nil
 }
 
@@ -387,10 +389,6 @@ func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	out := make([]publishAnswer, len(res.Published))
-	for i, p := range res.Published {
-		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate}
-	}
-	writeJSON(ctx, 200, map[string]any{"results": out})
+	writeBatchPublished(ctx, r.topic, res.Published)
 	return nil
 }
