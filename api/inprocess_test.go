@@ -24,6 +24,12 @@ func (leaderNode) IsLeader() bool                     { return true }
 func (leaderNode) Serving() bool                      { return true }
 func (leaderNode) HandingOff() bool                   { return false }
 func (leaderNode) Collectors() []prometheus.Collector { return nil }
+func (leaderNode) Leader() (string, string, bool)     { return "n1", "", true }
+
+// Servers: the node is its group's one voter (a topic's placement).
+func (leaderNode) Servers() ([]raft.Server, error) {
+	return []raft.Server{{ID: "n1", Suffrage: raft.Voter}}, nil
+}
 
 // A handler runs in-process on the interfaces alone (api.Node, api.State):
 // here GET /v1/topics/{topic} reads a topic applied to a real fsm.FSM, and

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -182,8 +183,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.budget.release(&ctx.Request.Header)
 	start := time.Now()
-	id := requestID(ctx)
-	r := &route{}
+	var idBuf requestIDBuf
+	id := requestID(ctx, idBuf[:0])
+	r := routePool.Get().(*route)
+	defer func() { *r = route{}; routePool.Put(r) }()
 	err := s.admit(ctx)
 	if err == nil {
 		err = s.router.match(ctx.Method(), string(ctx.URI().PathOriginal()), r)
@@ -224,11 +227,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if r.def != nil {
 		pattern = r.def.Pattern
 	}
-	ctx.Response.Header.Set(RequestIDHeader, id)
+	ctx.Response.Header.SetBytesV(RequestIDHeader, id)
 	took := time.Since(start)
 	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), took)
 	s.logRequest(ctx, r, id, pattern, err, took)
 }
+
+// routePool recycles the per-request route: nothing keeps one past its
+// request (no goroutine or structure holds a *route).
+var routePool = sync.Pool{New: func() any { return new(route) }}
 
 // deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the
 // time a long-polling fetch may wait.
