@@ -72,10 +72,11 @@ type Server struct {
 	connLimits Limits
 	conns      *connLimiter
 	budget     *bodyBudget
-	polls      prometheus.Gauge // parked long-polls
-	pollFwd    chan struct{}    // slots for long-polls' short forwards: half the pool
-	rr         atomic.Uint32    // round-robin partition choice
-	loud       loudLimiter      // spaces out 5xx warnings (requestlog.go)
+	polls      prometheus.Gauge        // parked long-polls
+	pollFwd    chan struct{}           // slots for long-polls' short forwards: half the pool
+	rr         atomic.Uint32           // round-robin partition choice
+	loud       loudLimiter             // spaces out 5xx warnings (requestlog.go)
+	series     map[string]*routeSeries // per route pattern (reqmetrics.go)
 }
 
 // New builds a server for node and the state machine it replicates.
@@ -93,11 +94,13 @@ func newServer(node Node, state State, logger *slog.Logger, opts Options) *Serve
 	s.polls = newPollGauge()
 	s.pollFwd = make(chan struct{}, max(1, s.connLimits.ForwardConns/2))
 	s.metrics = newMetrics(s)
-	rt, err := newRouter(s.routes())
+	table := s.routes()
+	rt, err := newRouter(table)
 	if err != nil {
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
+	s.series = routeSeriesFor(table)
 	state.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
 		// The leader routes the path as the client sent it (routes.go:
@@ -229,7 +232,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.Response.Header.SetBytesV(RequestIDHeader, id)
 	took := time.Since(start)
-	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), took)
+	s.observeRoute(pattern, ctx.Response.StatusCode(), took)
 	s.logRequest(ctx, r, id, pattern, err, took)
 }
 
