@@ -24,11 +24,9 @@ func (leaderNode) IsLeader() bool                     { return true }
 func (leaderNode) Serving() bool                      { return true }
 func (leaderNode) HandingOff() bool                   { return false }
 func (leaderNode) Collectors() []prometheus.Collector { return nil }
-func (leaderNode) Leader() (string, string, bool)     { return "n1", "", true }
-
-// Servers: the node is its group's one voter (a topic's placement).
+func (leaderNode) Leader() (string, string, bool)     { return "n1", "127.0.0.1:7070", true }
 func (leaderNode) Servers() ([]raft.Server, error) {
-	return []raft.Server{{ID: "n1", Suffrage: raft.Voter}}, nil
+	return []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: "127.0.0.1:7071"}}, nil
 }
 
 // A handler runs in-process on the interfaces alone (api.Node, api.State):
@@ -57,8 +55,9 @@ func TestHandlerInProcess(t *testing.T) {
 		}
 		return ctx.Response.StatusCode(), body
 	}
-	if code, body := get("/v1/topics/orders"); code != 200 || body["name"] != "orders" || len(body["partitions"].([]any)) != 3 {
-		t.Errorf("GET /v1/topics/orders: %d %v; want 200, orders with 3 partitions", code, body)
+	if code, body := get("/v1/topics/orders"); code != 200 || body["name"] != "orders" || len(body["partitions"].([]any)) != 3 ||
+		body["placement"] == nil {
+		t.Errorf("GET /v1/topics/orders: %d %v; want 200, orders with 3 partitions and its placement", code, body)
 	}
 	if code, body := get("/v1/topics/missing"); code != 404 {
 		t.Errorf("GET /v1/topics/missing: %d %v; want 404", code, body)

@@ -54,6 +54,10 @@ type Options struct {
 	Rates RateLimits
 	// Limits bound client connections; zero fields take DefaultLimits.
 	Limits Limits
+	// NoGroupSeries leaves the per-group series of the state out of
+	// /metrics (--metrics-group-series=false): a scrape then reads no
+	// group, for states whose groups are too many to scrape.
+	NoGroupSeries bool
 }
 
 // Server serves mqd's HTTP API for one node.

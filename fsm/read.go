@@ -204,6 +204,27 @@ func (r *Reader) EachTopicGauges(now int64, fn func(t *TopicGauges)) {
 	})
 }
 
+// EachTopicTotals calls fn with every topic's retained messages and
+// bytes, in name order, reading no group: O(topics × partitions), for a
+// scrape without per-group series. A topic whose figures cannot be read
+// is left out.
+func (r *Reader) EachTopicTotals(fn func(name string, messages, bytes uint64)) {
+	mlog.EachTopicAfter(r.tx, "", func(name string) bool {
+		l, err := mlog.Open(r.tx, name)
+		if err != nil {
+			return true
+		}
+		var msgs, size uint64
+		for i := uint32(0); i < l.Cfg.Partitions; i++ {
+			if p, err := l.Partition(i); err == nil {
+				msgs, size = msgs+p.Meta.Count(), size+p.Meta.Bytes
+			}
+		}
+		fn(name, msgs, size)
+		return true
+	})
+}
+
 // BrowsePage is one page of Browse: the messages in (partition, offset)
 // order, and the position right after the last one.
 type BrowsePage struct {

@@ -328,6 +328,13 @@ func (g *Group) openLog() (raft.LogStore, error) {
 	return logs, nil
 }
 
+// raftCommitTimeout is how long an idle leader waits (up to twice this)
+// before it sends each follower an AppendEntries without entries, which
+// carries the commit index: raft's default. Idle, these are most of a
+// group's RPCs, more than its heartbeats (docs/performance.md, Idle cost
+// per raft group); BenchmarkIdleGroups measures a longer one beside it.
+var raftCommitTimeout = 50 * time.Millisecond
+
 func (g *Group) startRaft(logs raft.LogStore, hlog hclog.Logger) error {
 	cfg := g.cfg
 	g.trans = NewVoteGate(cfg.Transport, raft.ServerID(cfg.NodeID), g.lost.restricted, g.lost.diverged, cfg.Logger)
@@ -347,6 +354,7 @@ func (g *Group) startRaft(logs raft.LogStore, hlog hclog.Logger) error {
 	rc.HeartbeatTimeout = 1500 * time.Millisecond
 	rc.ElectionTimeout = 1500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 1000 * time.Millisecond
+	rc.CommitTimeout = raftCommitTimeout
 	var err error
 	if g.hadState, err = raft.HasExistingState(logs, g.stores.Stable, g.snaps); err != nil {
 		return err
@@ -461,6 +469,12 @@ func (g *Group) Shutdown() error {
 		}
 	}
 	err := g.raft.Shutdown().Error()
+	// raft's NetworkTransport.Close stops the listener only: the
+	// connections it pooled to the peers stay open, and each keeps a
+	// handler goroutine on the peer (BenchmarkIdleGroups counts them).
+	if cs, ok := g.cfg.Transport.(interface{ CloseStreams() }); ok {
+		cs.CloseStreams()
+	}
 	g.trans.Close()
 	g.closeStores()
 	return err

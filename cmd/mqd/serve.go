@@ -40,6 +40,7 @@ const (
 	flagLogLevel          = "log-level"
 	flagLogFormat         = "log-format"
 	flagPprof             = "pprof"
+	flagMetricsGroups     = "metrics-group-series"
 	flagMinFreeDisk       = "min-free-disk"
 	flagMaxClockOffset    = "max-clock-offset"
 	flagAcceptClock       = "accept-clock"
@@ -66,6 +67,7 @@ type options struct {
 	httpAdvertise                                                           string
 	logFormat                                                               string
 	pprof, acceptClock                                                      bool
+	metricsGroups                                                           bool
 	authFile, nodeToken                                                     string
 	tlsCert, tlsKey, tlsCA                                                  string
 	ratePerToken, ratePerConn                                               float64
@@ -99,6 +101,8 @@ func serverFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, flagLogFormat, "text", "log format: text (logfmt) or json (one object per line)")
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
+	fs.BoolVar(&o.metricsGroups, flagMetricsGroups, true,
+		"write the per-group series of the state on /metrics (false: per-topic only, for states with too many groups to scrape)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
 		func(v string) (err error) { o.minFreeDisk, err = raftfsm.ParseMinFree(v); return err })
 	fs.DurationVar(&o.maxClockOffset, flagMaxClockOffset, raftfsm.DefaultMaxClockOffset, "a node whose clock is further than this from a majority of the voters' does not lead and is not ready (positive)")
@@ -311,7 +315,8 @@ func run(o *options) error {
 		return err
 	}
 	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof,
-		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}, Limits: o.limits})
+		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}, Limits: o.limits,
+		NoGroupSeries: !o.metricsGroups})
 	// Connection limits count TCP connections, under TLS.
 	ln = srv.LimitListener(ln)
 	if certs != nil {
