@@ -30,6 +30,15 @@ func (s *Server) topicConfig(topic string) (mlog.Config, error) {
 	if hit {
 		return cfg, nil
 	}
+	return s.readTopicConfig(topic, gen)
+}
+
+// readTopicConfig reads the topic's configuration and caches it for gen.
+// (Apart from topicConfig, so that the hit path's cfg, which this read's
+// closure captures, does not move to the heap on every publish.)
+func (s *Server) readTopicConfig(topic string, gen uint64) (mlog.Config, error) {
+	c := &s.cfgs
+	var cfg mlog.Config
 	err := s.state.Read(func(r *fsm.Reader) error {
 		var err error
 		cfg, err = r.TopicConfig(topic)

@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"strconv"
 
 	"github.com/mqd/mqd/internal/refusal"
 	"github.com/mqd/mqd/replica"
@@ -88,6 +87,7 @@ func classify(err error) apiError {
 	return apiError{500, "internal"}
 }
 
+// errorBody is the JSON of every error answer; appendErrorBody writes it.
 type errorBody struct {
 	Error struct {
 		Code    string `json:"code"`
@@ -105,8 +105,6 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	ae := classify(err)
-	var b errorBody
-	b.Error.Code, b.Error.Message = ae.code, err.Error()
 	switch ae.status {
 	case 401:
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
@@ -117,7 +115,8 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	case 503:
 		ctx.Response.Header.Set("Retry-After", "1")
 	}
-	writeJSON(ctx, ae.status, b)
+	var a [512]byte
+	writeBody(ctx, ae.status, appendErrorBody(a[:0], ae.code, err.Error()))
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -125,8 +124,5 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	if err != nil {
 		status, b = 500, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
 	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.Response.Header.Set("Content-Length", strconv.Itoa(len(b)+1))
-	ctx.SetBody(append(b, '\n'))
+	writeBody(ctx, status, b)
 }

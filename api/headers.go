@@ -62,8 +62,9 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	// "unparsed". fasthttp resets the head of a request it failed to read
 	// (a bad head, a body cut short or late), so that raw headers remain
 	// only when it refused the body from the head.
-	id := requestID(ctx)
-	ctx.Response.Header.Set(RequestIDHeader, id)
+	var idBuf requestIDBuf
+	id := requestID(ctx, idBuf[:0])
+	ctx.Response.Header.SetBytesV(RequestIDHeader, id)
 	r := &route{}
 	pattern := "unparsed"
 	if len(ctx.Request.Header.RawHeaders()) > 0 {

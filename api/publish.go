@@ -25,6 +25,8 @@ const (
 	maxDelayMs  = 90 * 24 * 3600 * 1000 // 90 days
 )
 
+// publishAnswer is the JSON of one published message; appendPublishAnswer
+// writes it.
 type publishAnswer struct {
 	Topic     string `json:"topic"`
 	Partition uint32 `json:"partition"`
@@ -70,8 +72,17 @@ type pubMsg struct {
 	partitionKey string
 }
 
+// onePublish is a single publish's command, placement and message in one
+// allocation: the command holds on to the other two until it is applied.
+type onePublish struct {
+	cmd    command.Command
+	placed [1]mlog.Placed
+	msg    mlog.Message
+}
+
 func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
-	m, err := messageFromHeaders(&ctx.Request.Header)
+	one := &onePublish{}
+	m, err := messageFromHeaders(&ctx.Request.Header, &one.msg)
 	if err != nil {
 		return err
 	}
@@ -85,7 +96,8 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	// A repeated idempotency key is answered by the FSM, the one place that
 	// decides duplicates: the leader does not look it up before proposing
 	// (docs/performance.md, "Idempotency key overhead", has why).
-	res, err := s.publishMsgs(ctx, r, []pubMsg{m}, prod)
+	one.cmd.Msgs = one.placed[:]
+	res, err := s.publishCmd(ctx, r, &one.cmd, []pubMsg{m}, prod)
 	if err != nil {
 		return err
 	}
@@ -94,19 +106,24 @@ func (s *Server) publish(ctx *fasthttp.RequestCtx, r *route) error {
 	if p.Duplicate {
 		status = 200
 	}
-	writeJSON(ctx, status, publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate})
+	writePublished(ctx, status, r.topic, p)
 	return nil
 }
 
 // publishMsgs places the messages on partitions and commits them as one
 // command.
 func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, prod producer) (*fsm.Result, error) {
+	return s.publishCmd(ctx, r, &command.Command{Msgs: make([]mlog.Placed, len(msgs))}, msgs, prod)
+}
+
+// publishCmd is publishMsgs on a command whose Msgs has a place for each
+// message.
+func (s *Server) publishCmd(ctx *fasthttp.RequestCtx, r *route, cmd *command.Command, msgs []pubMsg, prod producer) (*fsm.Result, error) {
 	cfg, err := s.topicConfig(r.topic)
 	if err != nil {
 		return nil, err
 	}
-	cmd := &command.Command{Op: command.OpPublish, Now: nowMs(), Topic: r.topic, Msgs: make([]mlog.Placed, len(msgs)),
-		Producer: prod.id, Seq: prod.seq}
+	cmd.Op, cmd.Now, cmd.Topic, cmd.Producer, cmd.Seq = command.OpPublish, nowMs(), r.topic, prod.id, prod.seq
 	bodySize := 0
 	for i, m := range msgs {
 		// A message over the topic's max_message_bytes is refused here,
@@ -174,33 +191,26 @@ func PartitionFor(key string, n uint32) uint32 {
 	return h.Sum32() % n
 }
 
-// messageFromHeaders reads a single publish's headers.
-func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
-	m := pubMsg{msg: &mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}}
-	keys := []struct {
-		name string
-		dst  *string
-	}{{"Idempotency-Key", &m.msg.IdempotencyKey}, {"Mq-Partition-Key", &m.partitionKey}}
-	for _, k := range keys {
-		v, ok, err := oneHeader(h, k.name)
-		if err != nil {
-			return m, err
-		}
-		if ok {
-			if *k.dst, err = checkKey(k.name, string(v)); err != nil {
-				return m, err
-			}
-		}
+// messageFromHeaders reads a single publish's headers into msg.
+func messageFromHeaders(h *fasthttp.RequestHeader, msg *mlog.Message) (pubMsg, error) {
+	*msg = mlog.Message{MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1}
+	m := pubMsg{msg: msg}
+	var err error
+	if msg.IdempotencyKey, err = keyHeader(h, "Idempotency-Key"); err != nil {
+		return m, err
 	}
-	nums := []struct {
+	if m.partitionKey, err = keyHeader(h, "Mq-Partition-Key"); err != nil {
+		return m, err
+	}
+	nums := [...]struct {
 		name string
 		dst  *int64
 		max  int64
 	}{
-		{"Mq-Delay-Ms", &m.msg.DeliverAt, maxDelayMs},
-		{"Mq-Max-Retry", &m.msg.MaxRetry, 1000},
-		{"Mq-Backoff-Base-Ms", &m.msg.BackoffBaseMs, 24 * 3600 * 1000},
-		{"Mq-Backoff-Jitter-Ms", &m.msg.BackoffJitterMs, 24 * 3600 * 1000},
+		{"Mq-Delay-Ms", &msg.DeliverAt, maxDelayMs},
+		{"Mq-Max-Retry", &msg.MaxRetry, 1000},
+		{"Mq-Backoff-Base-Ms", &msg.BackoffBaseMs, 24 * 3600 * 1000},
+		{"Mq-Backoff-Jitter-Ms", &msg.BackoffJitterMs, 24 * 3600 * 1000},
 	}
 	for _, n := range nums {
 		v, ok, err := oneHeader(h, n.name)
@@ -216,16 +226,16 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 		}
 		*n.dst = int64(x)
 	}
-	if m.msg.DeliverAt > 0 {
-		m.msg.DeliverAt += nowMs()
+	if msg.DeliverAt > 0 {
+		msg.DeliverAt += nowMs()
 	}
 	var attrErr error
 	h.VisitAll(func(k, v []byte) {
-		name, ok := cutPrefixFold(string(k), "Mq-Attr-")
-		if !ok || attrErr != nil {
+		if !hasPrefixFold(k, attrPrefix) || attrErr != nil {
 			return
 		}
-		if len(m.msg.Attrs) >= maxAttrs {
+		name := string(k[len(attrPrefix):])
+		if len(msg.Attrs) >= maxAttrs {
 			attrErr = fmt.Errorf("%w: more than %d Mq-Attr-* headers", ErrBadHeader, maxAttrs)
 			return
 		}
@@ -234,22 +244,48 @@ func messageFromHeaders(h *fasthttp.RequestHeader) (pubMsg, error) {
 			return
 		}
 		name = strings.ToLower(name)
-		for _, a := range m.msg.Attrs {
+		for _, a := range msg.Attrs {
 			if a.Name == name {
 				attrErr = fmt.Errorf("%w: attribute %q given twice", ErrBadHeader, name)
 				return
 			}
 		}
-		m.msg.Attrs = append(m.msg.Attrs, mlog.Attr{Name: name, Value: string(v)})
+		msg.Attrs = append(msg.Attrs, mlog.Attr{Name: name, Value: string(v)})
 	})
 	return m, attrErr
 }
 
-func cutPrefixFold(s, prefix string) (string, bool) {
-	if len(s) < len(prefix) || !strings.EqualFold(s[:len(prefix)], prefix) {
-		return "", false
+// keyHeader reads a key header given at most once: "" when absent.
+func keyHeader(h *fasthttp.RequestHeader, name string) (string, error) {
+	v, ok, err := oneHeader(h, name)
+	if err != nil || !ok {
+		return "", err
 	}
-	return s[len(prefix):], true
+	return checkKey(name, string(v))
+}
+
+// attrPrefix begins the header of each of a message's attributes.
+const attrPrefix = "Mq-Attr-"
+
+// hasPrefixFold reports whether k begins with the ASCII prefix, in any
+// case, without making a string of each header name it is asked about.
+func hasPrefixFold(k []byte, prefix string) bool {
+	if len(k) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		if lowerASCII(k[i]) != lowerASCII(prefix[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // batchBody is the JSON of POST .../messages:batch.
@@ -270,7 +306,7 @@ func noSingleHeaders(h *fasthttp.RequestHeader) error {
 	}
 	if name == "" {
 		h.VisitAll(func(k, _ []byte) {
-			if _, ok := cutPrefixFold(string(k), "Mq-Attr-"); ok && name == "" {
+			if hasPrefixFold(k, attrPrefix) && name == "" {
 				name = "Mq-Attr-*"
 			}
 		})
@@ -387,10 +423,6 @@ func (s *Server) publishBatch(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
-	out := make([]publishAnswer, len(res.Published))
-	for i, p := range res.Published {
-		out[i] = publishAnswer{Topic: r.topic, Partition: p.Partition, Offset: p.Offset, Duplicate: p.Duplicate}
-	}
-	writeJSON(ctx, 200, map[string]any{"results": out})
+	writeBatchPublished(ctx, r.topic, res.Published)
 	return nil
 }

@@ -17,18 +17,21 @@ import (
 // every log line about the request carries it as request_id.
 const RequestIDHeader = "Mq-Request-Id"
 
-// requestID returns the request's id, making one if the client sent none
-// (or one that is not a valid id), and sets it on the request so that a
-// forward carries it to the leader.
-func requestID(ctx *fasthttp.RequestCtx) string {
+// requestID appends the request's id to buf, making one if the client
+// sent none (or one that is not a valid id), and sets it on the request so
+// that a forward carries it to the leader. It makes no string: the id is
+// one only on the log line, when there is one.
+func requestID(ctx *fasthttp.RequestCtx, buf []byte) []byte {
 	if v := ctx.Request.Header.Peek(RequestIDHeader); validRequestID(v) {
-		return string(v)
+		return append(buf, v...)
 	}
-	var b [16]byte
-	id := strconv.AppendUint(b[:0], rand.Uint64(), 36)
+	id := strconv.AppendUint(buf, rand.Uint64(), 36)
 	ctx.Request.Header.SetBytesV(RequestIDHeader, id)
-	return string(id)
+	return id
 }
+
+// requestIDBuf holds the longest valid request id.
+type requestIDBuf [64]byte
 
 func validRequestID(v []byte) bool {
 	if len(v) == 0 || len(v) > 64 {
@@ -49,7 +52,7 @@ func validRequestID(v []byte) bool {
 // route and status, with the count of those not logged). No line per
 // message at info. It names the topic, group and idempotency key of
 // message-related requests.
-func (s *Server) logRequest(ctx *fasthttp.RequestCtx, r *route, id, pattern string, err error, took time.Duration) {
+func (s *Server) logRequest(ctx *fasthttp.RequestCtx, r *route, id []byte, pattern string, err error, took time.Duration) {
 	status := ctx.Response.StatusCode()
 	level := slog.LevelDebug
 	var skipped int
@@ -66,7 +69,7 @@ func (s *Server) logRequest(ctx *fasthttp.RequestCtx, r *route, id, pattern stri
 		return
 	}
 	attrs := make([]slog.Attr, 0, 10)
-	attrs = append(attrs, slog.String("request_id", id), slog.String("method", string(ctx.Method())),
+	attrs = append(attrs, slog.String("request_id", string(id)), slog.String("method", string(ctx.Method())),
 		slog.String("route", pattern), slog.Int("status", status), slog.Duration("took", took))
 	if r.topic != "" {
 		attrs = append(attrs, slog.String("topic", r.topic))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -75,10 +76,11 @@ type Server struct {
 	connLimits Limits
 	conns      *connLimiter
 	budget     *bodyBudget
-	polls      prometheus.Gauge // parked long-polls
-	pollFwd    chan struct{}    // slots for long-polls' short forwards: half the pool
-	rr         atomic.Uint32    // round-robin partition choice
-	loud       loudLimiter      // spaces out 5xx warnings (requestlog.go)
+	polls      prometheus.Gauge        // parked long-polls
+	pollFwd    chan struct{}           // slots for long-polls' short forwards: half the pool
+	rr         atomic.Uint32           // round-robin partition choice
+	loud       loudLimiter             // spaces out 5xx warnings (requestlog.go)
+	series     map[string]*routeSeries // per route pattern (reqmetrics.go)
 }
 
 // New builds a server for node and the state machine it replicates.
@@ -96,11 +98,13 @@ func newServer(node Node, state State, logger *slog.Logger, opts Options) *Serve
 	s.polls = newPollGauge()
 	s.pollFwd = make(chan struct{}, max(1, s.connLimits.ForwardConns/2))
 	s.metrics = newMetrics(s)
-	rt, err := newRouter(s.routes())
+	table := s.routes()
+	rt, err := newRouter(table)
 	if err != nil {
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
+	s.series = routeSeriesFor(table)
 	state.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
 		// The leader routes the path as the client sent it (routes.go:
@@ -186,8 +190,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.budget.release(&ctx.Request.Header)
 	start := time.Now()
-	id := requestID(ctx)
-	r := &route{}
+	var idBuf requestIDBuf
+	id := requestID(ctx, idBuf[:0])
+	r := routePool.Get().(*route)
+	defer func() { *r = route{}; routePool.Put(r) }()
 	err := s.admit(ctx)
 	if err == nil {
 		err = s.router.match(ctx.Method(), string(ctx.URI().PathOriginal()), r)
@@ -228,11 +234,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if r.def != nil {
 		pattern = r.def.Pattern
 	}
-	ctx.Response.Header.Set(RequestIDHeader, id)
+	ctx.Response.Header.SetBytesV(RequestIDHeader, id)
 	took := time.Since(start)
-	s.metrics.observeRequest(pattern, ctx.Response.StatusCode(), took)
+	s.observeRoute(pattern, ctx.Response.StatusCode(), took)
 	s.logRequest(ctx, r, id, pattern, err, took)
 }
+
+// routePool recycles the per-request route: nothing keeps one past its
+// request (no goroutine or structure holds a *route).
+var routePool = sync.Pool{New: func() any { return new(route) }}
 
 // deadline is the request's context: Mq-Timeout-Ms or 10 s, plus the
 // time a long-polling fetch may wait.
