@@ -253,9 +253,10 @@ func (f *file) Allocate(ctx context.Context, off, size uint64, mode uint32) sysc
 // and unlocked before the server has written them, so a drop while a write
 // is in flight lets a read-ahead or an mmap fault cache the server's older
 // bytes, and the writer then reads a stale page of its own file — which no
-// local filesystem does (bbolt read a branch page of an older tree that way
-// and freed pages twice: "page N already freed"). Every change to a file's
-// data goes through this mount's kernel, which keeps its cache coherent with
-// them; the backing files change behind it only at a cut, while unmounted,
-// and a new mount has a new cache.
+// local filesystem does (bbolt, reading older copies of pages it had just
+// written, freed pages twice: "page N already freed"). The mount also turns
+// the automatic invalidation off (ExplicitDataCacheControl). Every change to
+// a file's data goes through this mount's kernel, which keeps its cache
+// coherent with them; the backing files change behind it only at a cut,
+// while unmounted, and a new mount has a new cache.
 const keepCache = fuse.FOPEN_KEEP_CACHE
