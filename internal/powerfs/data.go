@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -245,3 +246,17 @@ func (f *file) Allocate(ctx context.Context, off, size uint64, mode uint32) sysc
 	}
 	return errno(unix.Fallocate(f.fd, mode, int64(off), int64(size)))
 }
+
+// keepCache keeps the kernel's page cache of a file across opens. FUSE
+// otherwise drops a file's cached pages at every open (and, with automatic
+// invalidation, whenever its mtime moved): a write's pages are in the cache
+// and unlocked before the server has written them, so a drop while a write
+// is in flight lets a read-ahead or an mmap fault cache the server's older
+// bytes, and the writer then reads a stale page of its own file — which no
+// local filesystem does (bbolt, reading older copies of pages it had just
+// written, freed pages twice: "page N already freed"). The mount also turns
+// the automatic invalidation off (ExplicitDataCacheControl). Every change to
+// a file's data goes through this mount's kernel, which keeps its cache
+// coherent with them; the backing files change behind it only at a cut,
+// while unmounted, and a new mount has a new cache.
+const keepCache = fuse.FOPEN_KEEP_CACHE

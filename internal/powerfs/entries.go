@@ -169,7 +169,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		fh.(fs.FileReleaser).Release(ctx)
 		return nil, nil, 0, e
 	}
-	return ch, f, fflags, 0
+	return ch, f, fflags | keepCache, 0
 }
 
 // Open implements fs.NodeOpener.
@@ -186,7 +186,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		fh.(fs.FileReleaser).Release(ctx)
 		return nil, 0, e
 	}
-	return f, fflags, 0
+	return f, fflags | keepCache, 0
 }
 
 // Setattr implements fs.NodeSetattrer: a size change goes through the model.

@@ -25,6 +25,10 @@
 // A cut unmounts the filesystem (the callers have killed every process that
 // used it), rolls the backing directory back, and mounts it again at the same
 // path, so the kernel's page cache of the old mount cannot serve dropped data.
+// While mounted, the kernel keeps its page cache across opens and mtime
+// changes (keepCache): every write goes through it, so it stays coherent, as
+// a local filesystem's does. Nothing may write the backing directory while it
+// is mounted.
 //
 // It does not model: other reorderings of a file's unsynced writes (a cut
 // keeps none of them, but for the torn prefix of the last run), losing a synced
@@ -155,9 +159,12 @@ func (p *FS) mount() error {
 	rn := &node{LoopbackNode: root.(*fs.LoopbackNode), p: p}
 	server, err := fs.Mount(p.mountpoint, rn, &fs.Options{MountOptions: fuse.MountOptions{
 		DirectMountStrict: true,
-		FsName:            "powerfs",
-		Name:              "powerfs",
-		Debug:             p.opts.Debug,
+		// No invalidation of the page cache when a file's mtime moves:
+		// see keepCache.
+		ExplicitDataCacheControl: true,
+		FsName:                   "powerfs",
+		Name:                     "powerfs",
+		Debug:                    p.opts.Debug,
 	}})
 	if err != nil {
 		return fmt.Errorf("powerfs: mount %s: %w", p.mountpoint, err)

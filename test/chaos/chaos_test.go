@@ -116,12 +116,6 @@ func TestPowerCut(t *testing.T) {
 			}
 			cfg.RaftLog = store
 			cfg.TLS = useTLS(t, i)
-			// Untorn cuts: one CI-form run of five with torn cuts left a node
-			// panicking ("page 19 already freed") in its first applies
-			// after it opened fsm.db at its checkpoint — an open bug
-			// (docs/reliability.md, Power loss). Torn cuts stay in
-			// TestChaos's power-cut kinds and in TestSoak.
-			cfg.NoTorn = true
 			Run(t, cfg)
 		})
 	}
