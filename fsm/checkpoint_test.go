@@ -415,7 +415,11 @@ func tornRound(path string, run time.Duration) ([]byte, error) {
 		return out.Bytes(), fmt.Errorf("the child ended by itself: %v", err)
 	case <-time.After(run):
 		_ = cmd.Process.Kill()
-		err = <-done
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			return nil, errors.New("the child has not exited 30 s after its SIGKILL") // out is still being written
+		}
 	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
