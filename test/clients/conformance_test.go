@@ -130,6 +130,7 @@ type conformanceReqs struct {
 	Path         string   `json:"path"`
 	Count        *int     `json:"count"`
 	MinCount     int      `json:"min_count"`
+	MaxCount     int      `json:"max_count"` // 0: no bound
 	SameHeader   string   `json:"same_header"`
 	SameHeaders  []string `json:"same_headers"`
 	SameBody     bool     `json:"same_body"`
@@ -460,6 +461,9 @@ func checkRequests(rq conformanceReqs, records []faultproxy.Record) []string {
 	}
 	if len(rs) < rq.MinCount {
 		p = append(p, fmt.Sprintf("%s: %d requests, want at least %d", route, len(rs), rq.MinCount))
+	}
+	if rq.MaxCount > 0 && len(rs) > rq.MaxCount {
+		p = append(p, fmt.Sprintf("%s: %d requests, want at most %d", route, len(rs), rq.MaxCount))
 	}
 	headers := slices.Clone(rq.SameHeaders)
 	if rq.SameHeader != "" {
