@@ -162,6 +162,16 @@ func (g *VoteGate) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args 
 	return g.GatedTransport.TimeoutNow(id, target, args, resp)
 }
 
+// AppendEntriesPipeline opens raft's pipeline to a follower, with its
+// answers always drained (pipeline.go: the transport's own can deadlock).
+func (g *VoteGate) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	p, err := g.GatedTransport.AppendEntriesPipeline(id, target)
+	if err != nil {
+		return nil, err
+	}
+	return drainPipeline(p), nil
+}
+
 // Close stops the forwarding goroutine and closes the transport.
 func (g *VoteGate) Close() error {
 	g.closeOnce.Do(func() { close(g.done) })

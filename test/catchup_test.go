@@ -59,7 +59,7 @@ func TestCatchUpBoundedMemory(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("MQD_CATCHUP_MB")); err == nil && v > 0 {
 		mb = v
 	}
-	c := tc.Start(t, 3, tc.WithFlags("--snapshot-interval", "2s"))
+	c := tc.Start(t, 3, tc.WithFlags("--snapshot-interval", "2s", "--pprof"))
 	// Bounded well inside the package's test timeout, so that a follower
 	// that does not catch up fails this test with the nodes' logs rather
 	// than the whole package (it catches up in seconds).
@@ -99,6 +99,12 @@ func TestCatchUpBoundedMemory(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
+			// Where the leader's replication to it stands, for the log.
+			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if r, err := leader.Do(dctx, http.MethodGet, "/debug/pprof/goroutine?debug=2", nil, nil); err == nil {
+				t.Logf("leader's goroutines:\n%s", r.Body)
+			}
+			cancel()
 			t.Fatalf("follower did not catch up to %d: %v", want, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
