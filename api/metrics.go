@@ -30,6 +30,8 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	requestTime *prometheus.HistogramVec
 	commitLat   prometheus.Histogram
+	// Coalesced forwarding (coalesce.go), counted on the follower.
+	fwdCommands, fwdRequests prometheus.Counter
 
 	published topicCounters // mqd_published_messages_total, mqd_publish_duplicates_total
 	scrapes   scrapes       // builds of /metrics' body, one at a time
@@ -46,7 +48,11 @@ func newMetrics(s *Server) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"route"})
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
 		Help: "Leader: time from proposing a publish to its commit on a majority and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
-	m.reg.MustRegister(m.receipts, m.requests, m.requestTime, m.commitLat,
+	m.fwdCommands = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_forward_coalesced_commands_total",
+		Help: "Follower: commands (publishes) sent to the leader in coalesced forwards."})
+	m.fwdRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_forward_coalesced_requests_total",
+		Help: "Follower: internal requests that carried them (commands per request is the coalescing)."})
+	m.reg.MustRegister(m.receipts, m.requests, m.requestTime, m.commitLat, m.fwdCommands, m.fwdRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(s.node.Collectors()...)
 	for _, op := range []string{"ack", "nack", "extend"} {

@@ -121,6 +121,10 @@ func (s *Server) publishMsgs(ctx *fasthttp.RequestCtx, r *route, msgs []pubMsg, 
 func (s *Server) publishCmd(ctx *fasthttp.RequestCtx, r *route, cmd *command.Command, msgs []pubMsg, prod producer) (*fsm.Result, error) {
 	cfg, err := s.topicConfig(r.topic)
 	if err != nil {
+		if r.remote {
+			// This follower may not know the topic yet: the leader decides.
+			return nil, errCoalesceFallback
+		}
 		return nil, err
 	}
 	cmd.Op, cmd.Now, cmd.Topic, cmd.Producer, cmd.Seq = command.OpPublish, nowMs(), r.topic, prod.id, prod.seq
@@ -130,23 +134,34 @@ func (s *Server) publishCmd(ctx *fasthttp.RequestCtx, r *route, cmd *command.Com
 		// unless it repeats a stored one (by key or producer sequence; the
 		// max may have been lowered since): that one goes to the FSM,
 		// which answers it as a duplicate. Only such messages cost a read.
-		if err := cfg.CheckSize(len(m.msg.Value)); err != nil && !s.repeatsStored(r.topic, cfg, m, prod, i) {
-			return nil, err
+		if err := cfg.CheckSize(len(m.msg.Value)); err != nil {
+			if r.remote {
+				return nil, errCoalesceFallback // the leader's state decides
+			}
+			if !s.repeatsStored(r.topic, cfg, m, prod, i) {
+				return nil, err
+			}
 		}
 		bodySize += len(m.msg.Value)
 		cmd.Msgs[i] = mlog.Placed{Partition: s.choosePartition(cfg.Partitions, m), Msg: m.msg}
 	}
-	if err := s.node.CheckDisk(bodySize); err != nil {
-		return nil, err
+	var res *fsm.Result
+	if r.remote {
+		// The leader checks its disk, proposes and counts it.
+		res, err = s.coal.call(r.ctx, ctx, r, cmd)
+	} else {
+		if err := s.node.CheckDisk(bodySize); err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		res, err = s.node.ApplyBatched(r.ctx, cmd)
+		s.metrics.commit(time.Since(start), err)
+		if err == nil {
+			s.metrics.countPublished(r.topic, res.Published)
+		}
 	}
-	start := time.Now()
-	res, err := s.node.ApplyBatched(r.ctx, cmd)
-	s.metrics.commit(time.Since(start), err)
 	if errors.Is(err, fsm.ErrSeqGap) || errors.Is(err, fsm.ErrSeqTooOld) || errors.Is(err, fsm.ErrSeqOverlap) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
-	}
-	if err == nil {
-		s.metrics.countPublished(r.topic, res.Published)
 	}
 	return res, err
 }

@@ -74,8 +74,11 @@ type Route struct {
 	// Stale marks a read that ?stale=ok serves from the answering node's
 	// applied state, without the leader (api/stale.go); without it, the
 	// read waits at most readLeaderWait for a leader.
-	Stale   bool
-	handler func(*fasthttp.RequestCtx, *route) error
+	Stale bool
+	// Coalesce marks a leader route whose command a follower sends in a
+	// coalesced forward instead of forwarding the request (coalesce.go).
+	Coalesce bool
+	handler  func(*fasthttp.RequestCtx, *route) error
 
 	hasTopic, hasGroup bool // the pattern names them
 }
@@ -90,6 +93,7 @@ type route struct {
 	rest         string          // {name...}: the rest of the path
 	allow        string          // on ErrMethod: the path's methods
 	ctx          context.Context // the request's deadline, for leader routes
+	remote       bool            // a follower runs the handler: its command goes to the leader coalesced
 }
 
 // routes is the whole HTTP API: openapi.yaml describes the same list
@@ -110,6 +114,7 @@ func (s *Server) routes() []Route {
 		return nil
 	}
 	// read: a read that may be served stale, taking ?stale= after names.
+	coalesce := func(r Route) Route { r.Coalesce = true; return r }
 	read := func(r Route, names ...string) Route { r.Query, r.Stale = append(names, "stale"), true; return r }
 	return []Route{
 		rt("GET", "/healthz", false, PermOpen, s.healthz),
@@ -118,6 +123,7 @@ func (s *Server) routes() []Route {
 		rt("GET", "/v1/cluster", false, PermMonitor, s.cluster),
 		rt("GET", "/v1/internal/status", false, PermCluster, s.status),
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
+		rt("POST", forwardPattern, false, PermCluster, s.forwarded),
 		rt("DELETE", "/v1/cluster/nodes/{id}", true, PermCluster, s.removeNode),
 		rt("GET", "/v1/cluster/backup", false, PermCluster, s.backup),
 		rt("POST", "/v1/cluster/clock/accept", false, PermCluster, s.acceptClock),
@@ -131,8 +137,8 @@ func (s *Server) routes() []Route {
 		rt("PUT", topic, true, PermAdmin, s.putTopic),
 		read(rt("GET", topic, true, PermAnyTopic, s.getTopic)),
 		rt("DELETE", topic, true, PermAdmin, s.deleteTopic),
-		rt("POST", topic+"/messages", true, PermPublish, s.publish),
-		rt("POST", topic+"/messages:batch", true, PermPublish, s.publishBatch),
+		coalesce(rt("POST", topic+"/messages", true, PermPublish, s.publish)),
+		coalesce(rt("POST", topic+"/messages:batch", true, PermPublish, s.publishBatch)),
 		read(rt("GET", topic+"/keys/{key}", true, PermConsume, s.traceKey)),
 		rt("POST", topic+"/reconcile", true, PermConsume, s.reconcile),
 		read(rt("GET", topic+"/messages", true, PermConsume, s.browse), "partition", "offset", "limit"),

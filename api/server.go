@@ -58,6 +58,14 @@ type Options struct {
 	// /metrics (--metrics-group-series=false): a scrape then reads no
 	// group, for states whose groups are too many to scrape.
 	NoGroupSeries bool
+	// NodeToken is the bearer token (with the cluster permission) this
+	// node sends on node-to-node requests when TLS is off (--node-token):
+	// coalesced forwards to the leader carry it.
+	NodeToken string
+	// CoalesceForward makes a follower send publishes to the leader
+	// coalesced (--forward-coalesce; coalesce.go). Every node serves the
+	// internal route whatever it is.
+	CoalesceForward bool
 }
 
 // Server serves mqd's HTTP API for one node.
@@ -69,6 +77,7 @@ type Server struct {
 	logger     *slog.Logger
 	srv        *fasthttp.Server
 	fwd        *fasthttp.Client
+	coal       coalescer // coalesced forwarding (coalesce.go)
 	waiters    *waiters
 	metrics    *metrics
 	cfgs       cfgCache
@@ -104,6 +113,7 @@ func newServer(node Node, state State, logger *slog.Logger, opts Options) *Serve
 		panic(err) // the table is a constant of the program
 	}
 	s.router = rt
+	s.coal.s = s
 	s.series = routeSeriesFor(table)
 	state.OnNotify(s.waiters.wake)
 	s.fwd = &fasthttp.Client{
@@ -277,6 +287,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 	lctx, lcancel := leaderWait(rctx, r)
 	defer lcancel()
 	var handoff time.Time // since when this request waits for a hand-off
+	fallback := false     // a coalesced route forwarded as its HTTP request
 	for {
 		// A leader handing off (graceful stop) takes no new work: the
 		// request waits for the new leader and is forwarded there.
@@ -312,6 +323,27 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			continue
 		}
+		if r.def.Coalesce && s.opts.CoalesceForward && !fallback {
+			err := s.viaCoalesced(ctx, r)
+			switch {
+			case errors.Is(err, errCoalesceFallback):
+				fallback = true // forwarded as HTTP below
+			case errors.Is(err, errLeaderUnreachable):
+				if pause(lctx, 50*time.Millisecond) != nil {
+					return errorf(ErrUnavailable, "the leader does not answer (%v) and no other leader answered within the request's deadline", err)
+				}
+				continue
+			case errors.Is(err, replica.ErrNotLeader):
+				// Nothing was proposed: the next leader takes it.
+				ctx.Response.Reset()
+				if pause(lctx, 10*time.Millisecond) != nil {
+					return err
+				}
+				continue
+			default:
+				return err
+			}
+		}
 		if fa, ok := longPoll(ctx, r); ok {
 			// A long-poll waits here and forwards only short fetches.
 			err := s.pollViaLeader(ctx, r, fa)
@@ -333,6 +365,14 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			return errorf(ErrUnavailable, "the leader does not answer (%v) and no other leader answered within the request's deadline", err)
 		}
 	}
+}
+
+// viaCoalesced runs a coalesced route's handler on this follower, its
+// command sent to the leader with others (coalesce.go).
+func (s *Server) viaCoalesced(ctx *fasthttp.RequestCtx, r *route) error {
+	r.remote = true
+	defer func() { r.remote = false }()
+	return r.def.handler(ctx, r)
 }
 
 // pause sleeps for d, or answers ctx's error if it ends first.

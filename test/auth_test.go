@@ -51,6 +51,7 @@ func authMatrix() []authCase {
 		{"GET", "/debug/pprof/", nil, "admin", "monitor", 200},
 		{"GET", "/v1/internal/status", nil, "ops", "node", 200},
 		{"POST", "/v1/internal/join", map[string]any{}, "ops", "node", 400},
+		{"POST", "/v1/internal/forward", nil, "ops", "node", 400}, // an empty body
 		{"DELETE", "/v1/cluster/nodes/nope", nil, "ops", "node", 404},
 		{"GET", "/v1/cluster/backup", nil, "ops", "node", 200},
 		{"POST", "/v1/cluster/clock/accept", nil, "ops", "node", 200},
