@@ -605,8 +605,8 @@ func (f *FSM) nodeAddrs() map[string]command.NodeInfo {
 // Snapshot implements raft.FSM: it opens a read transaction, which bbolt
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.markSnapshot() // raft calls this between applies
-	f.compactIfSparse(f.reclaim.Load())   // a safe point: compact.go
+	f.markSnapshot()                    // raft calls this between applies
+	f.compactIfSparse(f.reclaim.Load()) // a safe point: compact.go
 	f.mu.RLock()
 	// The snapshot's index becomes a checkpoint: after an unclean stop,
 	// raft replays from the latest snapshot, which fsm.db then covers.
