@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,8 +18,16 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-var flagRestartMB = flag.String("restart.mb", "100",
-	"Restart: comma-separated retained payload sizes in MiB, one sub-benchmark each (e.g. 100,1024)")
+var (
+	flagRestartMB = flag.String("restart.mb", "100",
+		"Restart: comma-separated retained payload sizes in MiB, one sub-benchmark each (e.g. 100,1024)")
+	flagRestartLog = flag.String("restart.log", "policy,all",
+		"Restart: comma-separated cases of the raft log held at the restart (policy, all)")
+	flagRestartBin = flag.String("restart.bin", "",
+		"Restart: comma-separated NAME=PATH mqd binaries, one sub-benchmark each, side by side (default: this repository's)")
+	flagRestartLogs = flag.String("restart.logs", "",
+		"Restart: a directory to copy each restarted node's log into (what it wrote from its restart until ready)")
+)
 
 // BenchmarkRestart measures what an operator sees after kill -9 of a node
 // holding a retained backlog: the time from the restart of the process
@@ -33,26 +43,63 @@ var flagRestartMB = flag.String("restart.mb", "100",
 // is taken (--snapshot-interval 24h), so the restart reads back the raft
 // log of the whole backlog — the worst case, twice what the policy allows.
 //
+// -restart.log picks the cases; -restart.bin runs several binaries side by
+// side (e.g. before=/tmp/mqd-old,after=/tmp/mqd-new), each on a cluster of
+// its own; -restart.logs keeps what each restarted node logged until ready
+// (the node logs how long opening fsm.db took, and raft its own start).
+//
 //	go test -run '^$' -bench Restart -benchtime 1x ./bench/ -restart.mb 100,1024
 func BenchmarkRestart(b *testing.B) {
+	cases := map[string][]string{"policy": nil, "all": {"--snapshot-interval", "24h"}}
+	bins := restartBinaries(b)
 	for _, f := range strings.Split(*flagRestartMB, ",") {
 		mb, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || mb <= 0 {
 			b.Fatalf("-restart.mb: %q is not a positive number of MiB", f)
 		}
-		for _, c := range []struct {
-			name  string
-			flags []string
-		}{{"policy", nil}, {"all", []string{"--snapshot-interval", "24h"}}} {
-			b.Run(fmt.Sprintf("retained=%dMiB/log=%s", mb, c.name), func(b *testing.B) {
-				fixed(b, func(b *testing.B) []metric { return restartAfterBacklog(b, mb, c.flags) })
-			})
+		for _, name := range strings.Split(*flagRestartLog, ",") {
+			flags, ok := cases[name]
+			if !ok {
+				b.Fatalf("-restart.log: %q is neither policy nor all", name)
+			}
+			for _, bin := range bins {
+				sub := fmt.Sprintf("retained=%dMiB/log=%s", mb, name)
+				if bin.name != "" {
+					sub += "/bin=" + bin.name
+				}
+				b.Run(sub, func(b *testing.B) {
+					fixed(b, func(b *testing.B) []metric { return restartAfterBacklog(b, mb, bin.path, flags) })
+				})
+			}
 		}
 	}
 }
 
-func restartAfterBacklog(b *testing.B, mb int, flags []string) []metric {
-	s := startSystem(b, 3, flags...)
+type restartBinary struct{ name, path string }
+
+// restartBinaries parses -restart.bin; without it, one unnamed entry for
+// the repository's binary.
+func restartBinaries(b *testing.B) []restartBinary {
+	if *flagRestartBin == "" {
+		return []restartBinary{{}}
+	}
+	var out []restartBinary
+	for _, f := range strings.Split(*flagRestartBin, ",") {
+		name, path, ok := strings.Cut(strings.TrimSpace(f), "=")
+		if !ok || name == "" || path == "" {
+			b.Fatalf("-restart.bin: %q is not NAME=PATH", f)
+		}
+		out = append(out, restartBinary{name, path})
+	}
+	return out
+}
+
+func restartAfterBacklog(b *testing.B, mb int, binary string, flags []string) []metric {
+	var opts []tc.Option
+	if binary != "" {
+		opts = append(opts, tc.WithBinary(binary))
+	}
+	s := startSystemWith(b, 3, opts, flags...)
 	topic := s.topic(b, "restart", map[string]any{"partitions": 4})
 	n := mb << 20 / payloadSize
 	start := time.Now()
@@ -84,6 +131,7 @@ func restartAfterBacklog(b *testing.B, mb int, flags []string) []metric {
 // restartTime kills nd, restarts it and returns the seconds until /readyz.
 func restartTime(ctx context.Context, b *testing.B, nd *tc.Node) float64 {
 	nd.Kill()
+	from := fileSize(b, nd.LogPath())
 	start := time.Now()
 	nd.Restart()
 	if err := nd.WaitReady(ctx); err != nil {
@@ -91,7 +139,34 @@ func restartTime(ctx context.Context, b *testing.B, nd *tc.Node) float64 {
 	}
 	d := time.Since(start)
 	b.Logf("%s ready %v after restart", nd, d.Round(time.Millisecond))
+	keepRestartLog(b, nd, from)
 	return d.Seconds()
+}
+
+// keepRestartLog logs the lines nd wrote since offset from that say how
+// long a step took, and copies them all into -restart.logs if set.
+func keepRestartLog(b *testing.B, nd *tc.Node, from int64) {
+	f, err := os.Open(nd.LogPath())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf, err := io.ReadAll(io.NewSectionReader(f, from, math.MaxInt64-from))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(buf)) {
+		if strings.Contains(line, "took=") {
+			b.Logf("%s: %s", nd, strings.TrimSpace(line))
+		}
+	}
+	if *flagRestartLogs == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", "=", "-").Replace(b.Name()) + "-" + nd.ID() + ".log"
+	if err := os.WriteFile(filepath.Join(*flagRestartLogs, name), buf, 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // diskUsage is the disk space the files under dir take (allocated blocks,

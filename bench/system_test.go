@@ -84,9 +84,16 @@ var topicSeq atomic.Int64
 // benchmarks' concurrency, so that no request pays a TCP handshake.
 func startSystem(b *testing.B, n int, flags ...string) *system {
 	b.Helper()
+	return startSystemWith(b, n, nil, flags...)
+}
+
+// startSystemWith is startSystem with options for the cluster.
+func startSystemWith(b *testing.B, n int, opts []tc.Option, flags ...string) *system {
+	b.Helper()
 	client := tc.NewClient(60*time.Second, 256)
 	// nodeHeap and profiling use /debug/pprof/.
-	c := tc.Start(b, n, tc.WithClient(client), tc.WithFlags(append([]string{"--pprof"}, flags...)...))
+	opts = append([]tc.Option{tc.WithClient(client), tc.WithFlags(append([]string{"--pprof"}, flags...)...)}, opts...)
+	c := tc.Start(b, n, opts...)
 	leader, err := c.Leader(context.Background())
 	if err != nil {
 		b.Fatal(err)

@@ -79,7 +79,7 @@ func metaApplied(tx *bolt.Tx) (index, term uint64) {
 }
 
 // PrepareState checks that path is an mqd state file with an applied
-// index, drops the old cluster's node addresses, and sets the applied term
+// index, drops the old cluster's node addresses and raft configuration, and sets the applied term
 // to term, the restored snapshot's. It returns the applied index.
 func PrepareState(path string, term uint64) (uint64, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
@@ -98,6 +98,10 @@ func PrepareState(path string, term uint64) (uint64, error) {
 			return err
 		}
 		if _, err := tx.CreateBucket(bktNodes); err != nil {
+			return err
+		}
+		// The old cluster's raft configuration is not the new one's.
+		if err := tx.Bucket(bktMeta).Delete(keyRaftConf); err != nil {
 			return err
 		}
 		return tx.Bucket(bktMeta).Put(keyTerm, binary.BigEndian.AppendUint64(nil, term))

@@ -90,6 +90,9 @@ var (
 	keyApplied = []byte("applied_index")
 	keyTerm    = []byte("applied_term")
 	keyNow     = []byte("now") // the latest applied command's time (raftfsm/clock.go)
+	// keyRaftConf: the latest raft configuration entry applied, its index
+	// (8 bytes) then its data (raftconf.go).
+	keyRaftConf = []byte("raft_configuration")
 )
 
 // Hooks are the callbacks the node sets on an FSM before raft applies
@@ -173,6 +176,10 @@ type FSM struct {
 	logBytes  atomic.Uint64
 	seenBytes atomic.Uint64
 	snapBytes atomic.Uint64
+	// snapMu orders CountLogBeforeStart against the snapshots that set
+	// snapBytes; snapTaken: one was taken or restored since open.
+	snapMu    sync.Mutex
+	snapTaken bool
 	restores  atomic.Uint64
 	// reclaim: the next snapshot is taken to give space back to a low
 	// disk, and compacts a sparse state whatever its size (compact.go).
@@ -439,6 +446,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		ev.format = storedFormat(tx)
 		for i, l := range logs {
+			if l.Type == raft.LogConfiguration && l.Index > f.applied.Load() {
+				if err := putRaftConf(tx, l); err != nil {
+					return err
+				}
+			}
 			if l.Type != raft.LogCommand || l.Index <= f.applied.Load() {
 				continue
 			}
@@ -593,8 +605,8 @@ func (f *FSM) nodeAddrs() map[string]command.NodeInfo {
 // Snapshot implements raft.FSM: it opens a read transaction, which bbolt
 // keeps consistent while applies go on, and Persist streams it out.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.snapBytes.Store(f.seenBytes.Load()) // raft calls this between applies
-	f.compactIfSparse(f.reclaim.Load())   // a safe point: compact.go
+	f.markSnapshot()                    // raft calls this between applies
+	f.compactIfSparse(f.reclaim.Load()) // a safe point: compact.go
 	f.mu.RLock()
 	// The snapshot's index becomes a checkpoint: after an unclean stop,
 	// raft replays from the latest snapshot, which fsm.db then covers.
@@ -671,7 +683,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.nodesGen.Add(1)
-	f.snapBytes.Store(f.seenBytes.Load())
+	f.markSnapshot()
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)
 	if err := f.loadFormat(); err != nil {

@@ -55,6 +55,11 @@ type Group struct {
 	// appliedTo: a commit index up to which every entry is known applied
 	// (ready.go).
 	appliedTo atomic.Uint64
+	// start: the state's start point raft started from, if any
+	// (startsnap.go); bg runs its log count, which bgStop ends.
+	start  *startPoint
+	bg     sync.WaitGroup
+	bgStop context.CancelFunc
 }
 
 // DefaultGroup is the id of the group every node has had since the first
@@ -362,9 +367,26 @@ func (g *Group) startRaft(logs raft.LogStore, hlog hclog.Logger) error {
 	if rc.NoSnapshotRestoreOnStart, err = g.fsmCoversSnapshot(g.snaps); err != nil {
 		return err
 	}
+	snaps := &stateSnapshots{SnapshotStore: g.snaps}
+	if rc.NoSnapshotRestoreOnStart && g.hadState {
+		if err := g.offerStartPoint(snaps); err != nil {
+			return err
+		}
+	}
 	installRaftSink()
-	if g.raft, err = raft.NewRaft(rc, g.fsm, logs, g.stores.Stable, g.snaps, g.trans); err != nil {
+	g.raft, err = raft.NewRaft(rc, g.fsm, logs, g.stores.Stable, snaps, g.trans)
+	snaps.offering.Store(false) // raft lists snapshots at start only inside NewRaft
+	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
+	}
+	if p := snaps.point; p != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		g.bgStop = cancel
+		g.bg.Add(1)
+		go func() {
+			defer g.bg.Done()
+			g.countLogBeforeStart(ctx, p)
+		}()
 	}
 	g.observed = make(chan raft.Observation, 64)
 	g.raft.RegisterObserver(raft.NewObserver(g.observed, false, func(o *raft.Observation) bool {
@@ -448,6 +470,10 @@ func syncGroupDirs(dir string) error {
 }
 
 func (g *Group) closeStores() {
+	if g.bgStop != nil {
+		g.bgStop()
+	}
+	g.bg.Wait()
 	if g.stores != nil {
 		g.stores.Close()
 	}
@@ -557,9 +583,16 @@ func (g *Group) Servers() ([]raft.Server, error) {
 func (g *Group) CommitIndex() uint64 { return g.raft.CommitIndex() }
 
 // LastSnapshotIndex is the index of this replica's latest snapshot.
+//
+// Raft's own figure is the state's start point until it takes or installs
+// a snapshot (startsnap.go): that is not a snapshot, and the one before it
+// is returned instead.
 func (g *Group) LastSnapshotIndex() uint64 {
 	var idx uint64
 	fmt.Sscan(g.raft.Stats()["last_snapshot_index"], &idx)
+	if p := g.start; p != nil && idx == p.meta.Index {
+		return p.real
+	}
 	return idx
 }
 
