@@ -56,7 +56,7 @@ func (f follower) Leader() (string, string, bool)    { return "n1", f.addr, true
 func (follower) WaitLeader(ctx context.Context) bool { return true }
 
 // openTopicFSM is a state machine holding topic orders with 3 partitions.
-func openTopicFSM(t *testing.T) *fsm.FSM {
+func openTopicFSM(t testing.TB) *fsm.FSM {
 	t.Helper()
 	f, err := fsm.OpenFSM(filepath.Join(t.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
 	if err != nil {

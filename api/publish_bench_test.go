@@ -9,11 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/auth"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
-	mlog "github.com/mqd/mqd/log"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 )
@@ -40,17 +38,7 @@ func (n *benchNode) ApplyBatched(_ context.Context, c *command.Command) (*fsm.Re
 // newBenchServer is a server on a benchNode and a real state machine that
 // holds topic "orders" (3 partitions).
 func newBenchServer(tb testing.TB, opts Options) *Server {
-	f, err := fsm.OpenFSM(filepath.Join(tb.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { f.Close() })
-	parts := uint32(3)
-	put := &command.Command{Op: command.OpPutTopic, Now: 1, Topic: "orders", Patch: mlog.Patch{Partitions: &parts}}
-	if r, _ := f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: put.Encode()}).(*fsm.Result); r == nil || r.Err != nil {
-		tb.Fatalf("apply: %+v", r)
-	}
-	return newServer(&benchNode{}, f, slog.New(slog.DiscardHandler), opts)
+	return newServer(&benchNode{}, openTopicFSM(tb), slog.New(slog.DiscardHandler), opts)
 }
 
 // BenchmarkPublishHandler is one publish (1 KiB, a unique Idempotency-Key,

@@ -291,16 +291,21 @@ func (f *FSM) loadFormat() error {
 	return nil
 }
 
+// appliedIn reads the applied index and term recorded in the meta bucket.
+func appliedIn(m *bolt.Bucket) (index, term uint64) {
+	if v := m.Get(keyApplied); len(v) == 8 {
+		index = binary.BigEndian.Uint64(v)
+	}
+	if v := m.Get(keyTerm); len(v) == 8 {
+		term = binary.BigEndian.Uint64(v)
+	}
+	return index, term
+}
+
 // storedApplied reads the applied index and term recorded in the file.
 func (f *FSM) storedApplied() (index, term uint64) {
 	_ = f.db.View(func(tx *bolt.Tx) error {
-		m := tx.Bucket(bktMeta)
-		if v := m.Get(keyApplied); len(v) == 8 {
-			index = binary.BigEndian.Uint64(v)
-		}
-		if v := m.Get(keyTerm); len(v) == 8 {
-			term = binary.BigEndian.Uint64(v)
-		}
+		index, term = appliedIn(tx.Bucket(bktMeta))
 		return nil
 	})
 	return index, term

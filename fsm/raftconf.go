@@ -31,12 +31,7 @@ func putRaftConf(tx *bolt.Tx, l *raft.Log) error {
 func (f *FSM) StartPoint() (index, term, confIndex uint64, conf []byte, ok bool) {
 	_ = f.db.View(func(tx *bolt.Tx) error {
 		m := tx.Bucket(bktMeta)
-		if v := m.Get(keyApplied); len(v) == 8 {
-			index = binary.BigEndian.Uint64(v)
-		}
-		if v := m.Get(keyTerm); len(v) == 8 {
-			term = binary.BigEndian.Uint64(v)
-		}
+		index, term = appliedIn(m)
 		if v := m.Get(keyRaftConf); len(v) > 8 {
 			confIndex = binary.BigEndian.Uint64(v[:8])
 			conf, ok = append([]byte(nil), v[8:]...), true

@@ -17,19 +17,10 @@ import (
 // return, and closing the pipeline must not hang.
 func TestPipelineDoesNotDeadlockWhenAnswersAreNotRead(t *testing.T) {
 	follower, leader, _, _ := gatePair(t)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case rpc := <-follower.Consumer():
-				// A follower whose log does not match: every append refused.
-				rpc.Respond(&raft.AppendEntriesResponse{Term: 7, Success: false, LastLog: 3}, nil)
-			}
-		}
-	}()
+	// A follower whose log does not match: every append refused.
+	answer(t, follower, func(*raft.AppendEntriesRequest) *raft.AppendEntriesResponse {
+		return &raft.AppendEntriesResponse{Term: 7, Success: false, LastLog: 3}
+	})
 
 	p, err := leader.AppendEntriesPipeline("a", follower.LocalAddr())
 	if err != nil {
@@ -85,19 +76,9 @@ func TestPipelineRelaysAnswersInOrder(t *testing.T) {
 	}
 	defer follower.Close()
 	_, leader, _, _ := gatePair(t)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case rpc := <-follower.Consumer():
-				req := rpc.Command.(*raft.AppendEntriesRequest)
-				rpc.Respond(&raft.AppendEntriesResponse{Term: 7, Success: true, LastLog: req.PrevLogEntry}, nil)
-			}
-		}
-	}()
+	answer(t, follower, func(req *raft.AppendEntriesRequest) *raft.AppendEntriesResponse {
+		return &raft.AppendEntriesResponse{Term: 7, Success: true, LastLog: req.PrevLogEntry}
+	})
 	p, err := leader.AppendEntriesPipeline("f", follower.LocalAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -121,4 +102,21 @@ func TestPipelineRelaysAnswersInOrder(t *testing.T) {
 			t.Fatalf("answer %d missing", i)
 		}
 	}
+}
+
+// answer responds to every AppendEntries the transport receives with
+// what fn says, until the test ends.
+func answer(t *testing.T, tr raft.Transport, fn func(*raft.AppendEntriesRequest) *raft.AppendEntriesResponse) {
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case rpc := <-tr.Consumer():
+				rpc.Respond(fn(rpc.Command.(*raft.AppendEntriesRequest)), nil)
+			}
+		}
+	}()
 }
