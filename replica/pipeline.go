@@ -20,8 +20,9 @@ import (
 // the pipeline's Close, which would free both, is deferred behind the send.
 // Heartbeats go on (they have their own loop), so the follower never holds
 // an election either: it simply receives no entry again until the leader
-// restarts. (TestCatchUpBoundedMemory's wiped follower hung so about one
-// run in five on a loaded machine.)
+// restarts. (Found while looking for why TestCatchUpBoundedMemory's wiped
+// follower sometimes never catches up; that hang has another cause too,
+// docs/reliability.md.)
 //
 // Here one goroutine moves every answer from the transport's pipeline into
 // a queue and offers the queue's head to raft, so the transport's decoder

@@ -63,7 +63,11 @@ func TestCatchUpBoundedMemory(t *testing.T) {
 	// Bounded well inside the package's test timeout, so that a follower
 	// that does not catch up fails this test with the nodes' logs rather
 	// than the whole package (it catches up in seconds).
-	ctx := ctxFor(t, 180*time.Second)
+	wait := 180 * time.Second
+	if v, err := strconv.Atoi(os.Getenv("MQD_CATCHUP_WAIT_S")); err == nil && v > 0 {
+		wait = time.Duration(v) * time.Second // to reproduce a hang sooner
+	}
+	ctx := ctxFor(t, wait)
 	leader, followers := mustRoles(t, c)
 	mustTopic(t, leader, "bulk", map[string]any{"max_message_bytes": 1 << 20})
 	val := strings.Repeat("x", 64<<10)
@@ -100,11 +104,13 @@ func TestCatchUpBoundedMemory(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			// Where the leader's replication to it stands, for the log.
-			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if r, err := leader.Do(dctx, http.MethodGet, "/debug/pprof/goroutine?debug=2", nil, nil); err == nil {
-				t.Logf("leader's goroutines:\n%s", r.Body)
+			for _, n := range []*tc.Node{leader, f} {
+				dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if r, err := n.Do(dctx, http.MethodGet, "/debug/pprof/goroutine?debug=2", nil, nil); err == nil {
+					t.Logf("%s's goroutines (%s):\n%s", n.ID(), map[bool]string{true: "leader", false: "the wiped follower"}[n == leader], r.Body)
+				}
+				cancel()
 			}
-			cancel()
 			t.Fatalf("follower did not catch up to %d: %v", want, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
