@@ -508,9 +508,6 @@ func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
 			return nil, err
 		}
 	}
-	if err := s.node.CheckDisk(bodySize); err != nil {
-		return nil, err
-	}
 	// The follower's clock stamped it: the command carries this node's,
 	// and a delayed message keeps its delay.
 	now := nowMs()
@@ -520,13 +517,7 @@ func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
 		}
 	}
 	c.Now = now
-	start := time.Now()
-	res, err := s.node.ApplyBatched(rctx, c)
-	s.metrics.commit(time.Since(start), err)
-	if err == nil {
-		s.metrics.countPublished(c.Topic, res.Published)
-	}
-	return res, err
+	return s.proposePublish(rctx, c, bodySize)
 }
 
 // validForwardedMsg holds a forwarded message to what a publish's headers
@@ -538,7 +529,7 @@ func validForwardedMsg(m *mlog.Message) bool {
 			return false
 		}
 	}
-	if len(m.Attrs) > maxAttrs || m.MaxRetry > 1000 || m.BackoffBaseMs > 24*3600*1000 || m.BackoffJitterMs > 24*3600*1000 {
+	if len(m.Attrs) > maxAttrs || m.MaxRetry > maxRetries || m.BackoffBaseMs > maxBackoffMs || m.BackoffJitterMs > maxBackoffMs {
 		return false
 	}
 	for _, a := range m.Attrs {

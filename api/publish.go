@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -18,11 +19,13 @@ import (
 )
 
 const (
-	maxKeyLen   = 256
-	maxAttrs    = 64
-	maxAttrName = 128
-	maxAttrVal  = 4096
-	maxDelayMs  = 90 * 24 * 3600 * 1000 // 90 days
+	maxKeyLen    = 256
+	maxAttrs     = 64
+	maxAttrName  = 128
+	maxAttrVal   = 4096
+	maxDelayMs   = 90 * 24 * 3600 * 1000 // 90 days
+	maxRetries   = 1000
+	maxBackoffMs = 24 * 3600 * 1000 // a day
 )
 
 // publishAnswer is the JSON of one published message; appendPublishAnswer
@@ -147,21 +150,27 @@ func (s *Server) publishCmd(ctx *fasthttp.RequestCtx, r *route, cmd *command.Com
 	}
 	var res *fsm.Result
 	if r.remote {
-		// The leader checks its disk, proposes and counts it.
-		res, err = s.coal.call(r.ctx, ctx, r, cmd)
+		res, err = s.coal.call(r.ctx, ctx, r, cmd) // the leader runs proposePublish
 	} else {
-		if err := s.node.CheckDisk(bodySize); err != nil {
-			return nil, err
-		}
-		start := time.Now()
-		res, err = s.node.ApplyBatched(r.ctx, cmd)
-		s.metrics.commit(time.Since(start), err)
-		if err == nil {
-			s.metrics.countPublished(r.topic, res.Published)
-		}
+		res, err = s.proposePublish(r.ctx, cmd, bodySize)
 	}
 	if errors.Is(err, fsm.ErrSeqGap) || errors.Is(err, fsm.ErrSeqTooOld) || errors.Is(err, fsm.ErrSeqOverlap) {
 		ctx.Response.Header.Set("Mq-Expected-Seq", strconv.FormatUint(res.Expected, 10))
+	}
+	return res, err
+}
+
+// proposePublish is the leader's part of a publish, whichever node parsed
+// it: the disk floor, the proposal through group commit, its metrics.
+func (s *Server) proposePublish(ctx context.Context, cmd *command.Command, bodySize int) (*fsm.Result, error) {
+	if err := s.node.CheckDisk(bodySize); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	res, err := s.node.ApplyBatched(ctx, cmd)
+	s.metrics.commit(time.Since(start), err)
+	if err == nil {
+		s.metrics.countPublished(cmd.Topic, res.Published)
 	}
 	return res, err
 }
@@ -223,9 +232,9 @@ func messageFromHeaders(h *fasthttp.RequestHeader, msg *mlog.Message) (pubMsg, e
 		max  int64
 	}{
 		{"Mq-Delay-Ms", &msg.DeliverAt, maxDelayMs},
-		{"Mq-Max-Retry", &msg.MaxRetry, 1000},
-		{"Mq-Backoff-Base-Ms", &msg.BackoffBaseMs, 24 * 3600 * 1000},
-		{"Mq-Backoff-Jitter-Ms", &msg.BackoffJitterMs, 24 * 3600 * 1000},
+		{"Mq-Max-Retry", &msg.MaxRetry, maxRetries},
+		{"Mq-Backoff-Base-Ms", &msg.BackoffBaseMs, maxBackoffMs},
+		{"Mq-Backoff-Jitter-Ms", &msg.BackoffJitterMs, maxBackoffMs},
 	}
 	for _, n := range nums {
 		v, ok, err := oneHeader(h, n.name)
@@ -385,7 +394,7 @@ func (b *batchMsg) toMsg(i int) (pubMsg, error) {
 		}
 	}
 	if b.MaxRetry != nil {
-		if *b.MaxRetry < 0 || *b.MaxRetry > 1000 {
+		if *b.MaxRetry < 0 || *b.MaxRetry > maxRetries {
 			return m, bad("max_retry must be in [0, 1000]")
 		}
 		m.msg.MaxRetry = *b.MaxRetry
