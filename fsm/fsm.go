@@ -156,6 +156,10 @@ type FSM struct {
 	// opened is the applied index found at open: raft replays entries from
 	// its last snapshot on, and those up to here are already in the file.
 	opened uint64
+	// openedClean: the file was opened as a clean close left it, so it
+	// holds every entry this node applied before (not rolled back to a
+	// checkpoint).
+	openedClean bool
 	// live is the applied index and term the file's live tree recorded
 	// before OpenFSM rolled it back to its checkpoint (evidence.go).
 	live   [2]uint64
@@ -328,6 +332,12 @@ func (f *FSM) Wake(topics map[string]struct{}) {
 // OpenedIndex is the applied index the file held when it was opened (0 if
 // it started empty).
 func (f *FSM) OpenedIndex() uint64 { return f.opened }
+
+// OpenedClean reports whether the file was opened as a clean close left
+// it: it then holds everything this node applied before this start. After
+// any other stop it was rolled back to its last checkpoint, and the node
+// had applied more (LostEvidence says how much, when the live tree told).
+func (f *FSM) OpenedClean() bool { return f.openedClean }
 
 func openDB(path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, boltOpts)

@@ -73,6 +73,7 @@ func OpenFSMBacked(path string, logger *slog.Logger, backed uint64) (*FSM, error
 	}
 	f.applied.Store(index)
 	f.opened = index
+	f.openedClean = plan.use && plan.restore == nil && index > 0
 	if err := f.takeCheckpoint(false); err != nil {
 		f.db.Close()
 		sf.close()

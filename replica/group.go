@@ -300,18 +300,24 @@ func (g *Group) openFSM() error {
 // against the log, and wraps the log store as raft sees it.
 func (g *Group) openLog() (raft.LogStore, error) {
 	sm := g.fsm
-	// Entries up to the log's end were applied before this start: replaying
-	// them must not count on /metrics again. A state machine opened as it
-	// was skips what it holds, and applies (and counts) only what is newer.
+	// Entries this node applied before this start must not count on
+	// /metrics again when raft replays them. A state machine opened as a
+	// clean close left it holds all of them, and applies (and counts) only
+	// what is newer. One rolled back to its checkpoint (kill -9, power
+	// loss) had applied up to what its live tree recorded, or, when that
+	// is not known, up to about the log's end: those replay uncounted (a
+	// crash may under-count the entries it left unapplied, never count
+	// one twice).
 	last, err := g.stores.Log.LastIndex()
 	if err != nil {
 		return nil, fmt.Errorf("raft log store: %w", err)
 	}
 	applied, appliedTerm := sm.LostEvidence() // how far the state got before this start (fsm/lostlog.go)
-	if o := sm.OpenedIndex(); o > 0 {
-		last = o
+	tallyFrom := max(last, applied)
+	if sm.OpenedClean() {
+		tallyFrom = sm.OpenedIndex()
 	}
-	sm.TallyFrom.Store(last)
+	sm.TallyFrom.Store(tallyFrom)
 	// A small cache: an entry may carry a whole batch (up to 4 MiB), and
 	// the cache only serves replication of the newest entries.
 	// Raft writes the log through guardedLog, which refuses to replace
