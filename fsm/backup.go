@@ -33,11 +33,13 @@ var ErrNotBackup = errors.New("not an mqd backup")
 func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
 	f.mu.RLock()
 	tx, err := f.db.Begin(false)
-	f.mu.RUnlock()
 	if err != nil {
+		f.mu.RUnlock()
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	defer func() { _ = tx.Rollback() }()
+	release := f.held.hold(f.db) // a Restore or compaction does not wait for the copy (heldtx.go)
+	f.mu.RUnlock()
+	defer func() { _ = tx.Rollback(); release() }()
 	b := &Backup{Size: tx.Size()}
 	b.Index, b.Term = metaApplied(tx)
 	if err := room(b.Size); err != nil {

@@ -132,23 +132,19 @@ func (f *FSM) compact() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("compact: %w", err)
 	}
-	err := f.db.Close()
-	if err == nil {
-		err = os.Rename(tmp, f.path)
-	}
-	if err != nil {
-		// The old file is still in place: reopen it.
+	// The compacted copy takes the name first: if that fails, the old
+	// file is still in place and open, and goes on as it was.
+	if err := os.Rename(tmp, f.path); err != nil {
 		_ = os.Remove(tmp)
-		db, oerr := openDB(f.path)
-		if oerr != nil {
-			stopOnStorageError(f.logger, f.applied.Load(), fmt.Errorf("compact: %w; reopen: %w", err, oerr))
-			return oerr
-		}
-		f.db = db
 		if cerr := f.takeCheckpoint(false); cerr != nil {
 			return fmt.Errorf("compact: %w; checkpoint: %w", err, cerr)
 		}
 		return fmt.Errorf("compact: %w", err)
+	}
+	// The old file's inode outlives its name while it is open: closed now,
+	// or by a backup still copying it (heldtx.go).
+	if err := f.held.retire(f.db); err != nil {
+		f.logger.Warn("closing the state file replaced by its compacted copy", "err", err)
 	}
 	// Either file holds the same state at the same applied index: a
 	// failed directory sync leaves which one a power loss keeps open, and

@@ -128,6 +128,9 @@ type FSM struct {
 	// the topics that gained deliverable messages. Raft's FSM goroutine reads
 	// it from the start, so it is an atomic, never a plain field.
 	notify atomic.Pointer[func(topics map[string]struct{})]
+	// held counts the read transactions snapshots and backups keep open
+	// outside mu (heldtx.go).
+	held heldTxs
 	// Hooks are what the node sets to follow applied batches.
 	Hooks
 	// TallyFrom: Tally is not called for batches at or below it.
@@ -630,14 +633,19 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 			"err", err)
 	}
 	tx, err := f.db.Begin(false)
-	f.mu.RUnlock()
 	if err != nil {
+		f.mu.RUnlock()
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	return &snapshot{tx: tx}, nil
+	release := f.held.hold(f.db) // a Restore does not wait for it (heldtx.go)
+	f.mu.RUnlock()
+	return &snapshot{tx: tx, release: release}, nil
 }
 
-type snapshot struct{ tx *bolt.Tx }
+type snapshot struct {
+	tx      *bolt.Tx
+	release func()
+}
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	if _, err := s.tx.WriteTo(sink); err != nil {
@@ -647,7 +655,10 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	return sink.Close()
 }
 
-func (s *snapshot) Release() { _ = s.tx.Rollback() }
+func (s *snapshot) Release() {
+	_ = s.tx.Rollback()
+	s.release()
+}
 
 // Restore implements raft.FSM: the snapshot is a whole bbolt file, which
 // replaces the current database atomically: it is written to a temporary
@@ -678,7 +689,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.dropCheckpoint(); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if err := f.db.Close(); err != nil {
+	// Not waiting for a snapshot raft is still taking of the old file: its
+	// goroutine may be waiting for raft's main goroutine, which waits for
+	// this Restore (heldtx.go).
+	if err := f.held.retire(f.db); err != nil {
 		return fmt.Errorf("restore: close old db: %w", err)
 	}
 	if err := os.Rename(tmp, f.path); err != nil {

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
@@ -1214,5 +1215,69 @@ func TestFSMFreelistWrittenWhileSmall(t *testing.T) {
 	defer f.Close()
 	if st := f.db.Stats(); st.FreePageN < freelistSyncMax {
 		t.Fatalf("reopened with %d free pages, want the %d+ freed before", st.FreePageN, freelistSyncMax)
+	}
+}
+
+// A Restore does not wait for a snapshot raft is still taking of the state
+// it replaces: raft's snapshot goroutine, holding the snapshot, may be
+// waiting for raft's main goroutine, which waits for the Restore. The
+// snapshot persists the state it began on, and releasing it closes the
+// replaced file.
+func TestRestoreDoesNotWaitForAnOpenSnapshot(t *testing.T) {
+	src := mustFSM(t)
+	buildState(src)
+	sent := &memSink{}
+	s, err := src.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Persist(sent); err != nil {
+		t.Fatal(err)
+	}
+	s.Release()
+
+	h := mustFSM(t)
+	h.must(&command.Command{Op: command.OpPutTopic, Topic: "old-topic"})
+	oldDump, oldIdx := dumpDB(t, h.f), h.f.AppliedIndex()
+	held, err := h.f.Snapshot() // raft's snapshot goroutine holds this
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.f.Restore(io.NopCloser(bytes.NewReader(sent.Bytes()))) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Restore: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		held.Release() // lets the Restore end, so that the test can
+		<-done
+		t.Fatal("Restore waited for a snapshot of the replaced state to be released")
+	}
+	if got, want := h.f.AppliedIndex(), src.f.AppliedIndex(); got != want {
+		t.Fatalf("restored AppliedIndex %d, want %d", got, want)
+	}
+	if got, want := dumpDB(t, h.f), dumpDB(t, src.f); !reflect.DeepEqual(got, want) {
+		t.Fatalf("restored state differs:\n%s", diffDumps(got, want))
+	}
+	// The held snapshot still persists the replaced state.
+	late := &memSink{}
+	if err := held.Persist(late); err != nil {
+		t.Fatalf("Persist after the Restore: %v", err)
+	}
+	held.Release()
+	r := mustFSM(t)
+	if err := r.f.Restore(io.NopCloser(bytes.NewReader(late.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if got := dumpDB(t, r.f); r.f.AppliedIndex() != oldIdx || !reflect.DeepEqual(got, oldDump) {
+		t.Fatalf("the held snapshot holds index %d (want %d):\n%s", r.f.AppliedIndex(), oldIdx, diffDumps(got, oldDump))
+	}
+	h.f.held.mu.Lock()
+	left := len(h.f.held.open) + len(h.f.held.retired)
+	h.f.held.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("the replaced file is still tracked after its last snapshot was released (%d entries)", left)
 	}
 }
