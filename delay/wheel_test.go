@@ -4,8 +4,10 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -371,6 +373,7 @@ func TestConcurrent(t *testing.T) {
 	cancelled := make([][]bool, workers)
 	var fired []int
 	advances := 0
+	var advanced atomic.Int64 // advances, for the workers to wait on
 	stop := make(chan struct{})
 	advDone := make(chan struct{})
 	go func() {
@@ -383,6 +386,7 @@ func TestConcurrent(t *testing.T) {
 			}
 			fired = append(fired, w.Advance(clk.Add(time.Duration(rand.IntN(3))*time.Millisecond))...)
 			advances++
+			advanced.Add(1)
 		}
 	}()
 	var wg sync.WaitGroup
@@ -392,6 +396,17 @@ func TestConcurrent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
 			hs := make([]*Timer[int], 0, per)
 			for i := range per {
+				if i == per/2 {
+					// Halfway, the advancing goroutine must have run while
+					// timers are being added: on a loaded machine the
+					// scheduler may otherwise run it only before or after
+					// the adds (CI once saw 0 timers fire over 107,888
+					// advances). Bounded, so a stuck wheel fails below.
+					from, until := advanced.Load(), time.Now().Add(10*time.Second)
+					for advanced.Load() < from+100 && time.Now().Before(until) {
+						runtime.Gosched()
+					}
+				}
 				due := clk.Now().Add(time.Duration(rng.IntN(2000)-50) * time.Millisecond)
 				hs = append(hs, w.Add(due, g*per+i))
 				if rng.IntN(3) == 0 {
