@@ -75,6 +75,7 @@ func allWorkloads() []workload {
 	return []workload{
 		publishWL(1, false),
 		publishWL(16, false),
+		publishWL(16, true),
 		publishWL(64, false),
 		publishWL(64, true),
 		{name: "batch", desc: "mqd messages:batch vs JetStream PublishAsync",
@@ -112,7 +113,7 @@ func run() int {
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measuring time of each workload (consume: at most this long)")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up before each publish/batch workload")
 	flag.IntVar(&cfg.size, "size", 1024, "message payload size in bytes")
-	flag.StringVar(&wlFlag, "workloads", "all", "comma-separated workloads: publish-1,publish-16,publish-64,publish-64-idem,batch,consume (or all)")
+	flag.StringVar(&wlFlag, "workloads", "all", "comma-separated workloads: publish-1,publish-16,publish-16-idem,publish-64,publish-64-idem,batch,consume (or all)")
 	flag.StringVar(&sysFlag, "systems", "", "comma-separated systems: mqd-base,mqd,js-default,js-always (default: mqd,js-default,js-always, with mqd-base first if -base-bin is set)")
 	flag.IntVar(&cfg.batchSize, "batch-size", 100, "batch workload: messages per mqd messages:batch request")
 	flag.IntVar(&cfg.batchConc, "batch-concurrency", 4, "batch workload: concurrent mqd batch requests")
@@ -178,6 +179,19 @@ func run() int {
 	results := map[string]map[string]*result{} // system -> workload -> result
 	failures := map[string]string{}
 	code := 0
+	// The disk's fsync rate before the first cluster and after the last:
+	// publish-1's ceiling, and how much the machine's load moved meanwhile.
+	var fsyncs []float64
+	measureFsync := func() {
+		r, err := fsyncRate(ctx, tmp, cfg.size, 2*time.Second)
+		if err != nil {
+			logf("%v", err)
+			return
+		}
+		logf("disk: %.0f fsyncs/s", r)
+		fsyncs = append(fsyncs, r)
+	}
+	measureFsync()
 	for _, sys := range runOrder(systems, cfg.baseLast) {
 		if ctx.Err() != nil {
 			break
@@ -190,8 +204,11 @@ func run() int {
 			code = 1
 		}
 	}
+	if ctx.Err() == nil {
+		measureFsync()
+	}
 	interrupted := ctx.Err() != nil
-	printReport(os.Stdout, cfg, wls, systems, results, failures, time.Since(began), interrupted)
+	printReport(os.Stdout, cfg, wls, systems, results, failures, fsyncs, time.Since(began), interrupted)
 	if interrupted {
 		return 130
 	}
@@ -361,7 +378,7 @@ func fmtRatio(a, b float64) string {
 }
 
 func printReport(out io.Writer, cfg *config, wls []workload, systems []string, results map[string]map[string]*result,
-	failures map[string]string, took time.Duration, interrupted bool) {
+	failures map[string]string, fsyncs []float64, took time.Duration, interrupted bool) {
 	get := func(sys, wl string) *result {
 		if m := results[sys]; m != nil {
 			return m[wl]
@@ -456,6 +473,42 @@ func printReport(out io.Writer, cfg *config, wls []workload, systems []string, r
 	}
 	if len(scal) > 0 {
 		fmt.Fprintf(out, "\nscaling, publish-64 / publish-1: %s\n", strings.Join(scal, ", "))
+	}
+	// What a unique idempotency key costs: keyed over plain throughput at
+	// the same concurrency.
+	for _, c := range []int{16, 64} {
+		var keyed []string
+		for _, sys := range systems {
+			plain, idem := get(sys, fmt.Sprintf("publish-%d", c)), get(sys, fmt.Sprintf("publish-%d-idem", c))
+			if plain != nil && idem != nil && plain.rate() > 0 {
+				keyed = append(keyed, fmt.Sprintf("%s %.2f", sys, idem.rate()/plain.rate()))
+			}
+		}
+		if len(keyed) > 0 {
+			fmt.Fprintf(out, "keys, publish-%d-idem / publish-%d: %s\n", c, c, strings.Join(keyed, ", "))
+		}
+	}
+	// publish-1 against the disk: one fsync per message is a serial
+	// publisher's ceiling (fsync.go).
+	if len(fsyncs) > 0 {
+		var sum float64
+		var each []string
+		for _, r := range fsyncs {
+			sum += r
+			each = append(each, fmt.Sprintf("%.0f", r))
+		}
+		disk := sum / float64(len(fsyncs))
+		var of []string
+		for _, sys := range systems {
+			if one := get(sys, "publish-1"); one != nil && one.rate() > 0 {
+				of = append(of, fmt.Sprintf("%s %.2f", sys, one.rate()/disk))
+			}
+		}
+		fmt.Fprintf(out, "disk: %s fsyncs/s (%d-byte appends, one writer; before the first cluster, after the last)\n",
+			strings.Join(each, " and "), cfg.size)
+		if len(of) > 0 {
+			fmt.Fprintf(out, "publish-1 / disk fsync rate %.0f/s: %s\n", disk, strings.Join(of, ", "))
+		}
 	}
 
 	var notes []string

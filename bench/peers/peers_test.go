@@ -62,8 +62,10 @@ func TestReportColumns(t *testing.T) {
 				lat: []time.Duration{999 * time.Millisecond, 1999 * time.Millisecond}}
 		}
 	}
+	// mqd's keyed publishes at c=16: 2700 msgs/s, 0.90 of plain.
+	results["mqd"]["publish-16-idem"].msgs = 2700 * 5
 	var out bytes.Buffer
-	printReport(&out, cfg, allWorkloads(), systems, results, nil, 3*time.Minute, false)
+	printReport(&out, cfg, allWorkloads(), systems, results, nil, []float64{10000, 14000}, 3*time.Minute, false)
 	text := out.String()
 	t.Logf("\n%s", text)
 
@@ -111,6 +113,17 @@ func TestReportColumns(t *testing.T) {
 	}
 	if got := row("latency", "publish-1"); len(got) != 4*3 {
 		t.Errorf("latency row: %q, want p50 / p99 of 4 systems", got)
+	}
+	for _, want := range []string{
+		"keys, publish-16-idem / publish-16: mqd-base 1.00, mqd 0.90, js-default 1.00, js-always 1.00\n",
+		"keys, publish-64-idem / publish-64: mqd-base 1.00, mqd 1.00,",
+		"disk: 10000 and 14000 fsyncs/s",
+		// publish-1 over the mean fsync rate: 2000, 3000, 12000, 4000 over 12000
+		"publish-1 / disk fsync rate 12000/s: mqd-base 0.17, mqd 0.25, js-default 1.00, js-always 0.33\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the report lacks %q", want)
+		}
 	}
 	if !strings.Contains(text, "mqd-base: /tmp/old-mqd") {
 		t.Error("the report does not say which binary mqd-base is")
