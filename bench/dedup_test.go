@@ -66,7 +66,9 @@ var putKeySeq atomic.Uint64
 //   - heap: the Go heap (runtime.ReadMemStats after runtime.GC) before and
 //     after the build, HeapInuse and HeapAlloc in MiB, with the build time
 //     and the file's size: the keys live in the bbolt file, mapped, not in
-//     the heap, so the heap must not grow with N.
+//     the heap, so the heap must not grow with N. keys_MiB and expiry_MiB
+//     are the pages of the index's two B+trees (the keys, inserted at
+//     random; the expiry entries, appended in expiry order).
 //   - get-hit, get-miss: Index.Get of a stored key / of a key never stored,
 //     in one read transaction; ns/op and allocs/op.
 //   - put: Index.Put of new keys (lookup of the old entry, key entry, expiry
@@ -128,6 +130,21 @@ func BenchmarkDedupIndex10M(b *testing.B) {
 		n, build.Round(time.Millisecond), float64(n)/build.Seconds(), fi.Size()/mib,
 		float64(inuse0)/mib, float64(inuse1)/mib, float64(alloc0)/mib, float64(alloc1)/mib)
 	putKeySeq.Store(uint64(n))
+	// The pages each of the index's two B+trees occupies: the keys (random
+	// inserts) and the expiry entries (appended in expiry order).
+	var keysMiB, expiryMiB float64
+	if err := db.View(func(tx *bolt.Tx) error {
+		pages := func(bk *bolt.Bucket) float64 {
+			st := bk.Stats()
+			return float64(st.BranchPageN+st.BranchOverflowN+st.LeafPageN+st.LeafOverflowN) * float64(db.Info().PageSize) / mib
+		}
+		keysMiB = pages(tx.Bucket(bktDedupParent).Bucket(bktDedupKeys))
+		expiryMiB = pages(tx.Bucket([]byte("dedup_expiry")))
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("pages: keys %.1f MiB, expiry entries %.1f MiB", keysMiB, expiryMiB)
 
 	name := fmt.Sprintf("keys=%d/", n)
 	b.Run(name+"heap", func(b *testing.B) {
@@ -136,6 +153,7 @@ func BenchmarkDedupIndex10M(b *testing.B) {
 				{float64(inuse0) / mib, "inuse_before_MiB"}, {float64(inuse1) / mib, "inuse_after_MiB"},
 				{float64(alloc0) / mib, "alloc_before_MiB"}, {float64(alloc1) / mib, "alloc_after_MiB"},
 				{float64(fi.Size()) / mib, "file_MiB"}, {build.Seconds(), "build_s"},
+				{keysMiB, "keys_MiB"}, {expiryMiB, "expiry_MiB"},
 			}
 		})
 	})
