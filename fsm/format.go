@@ -14,7 +14,7 @@ import (
 // is part of the state (meta "state_format", written by OpSetFormat in the
 // same transaction as everything else, so snapshots carry it), and it only
 // rises: the leader raises it once every member of the cluster runs a
-// binary that reads the new format (raiseFormat), because a binary that
+// binary that reads the new format (raftfsm/formatraise.go), because a binary that
 // does not would misread the records, silently (a range lease record looks
 // like acked messages to a binary without range records).
 //
