@@ -1,14 +1,10 @@
 package fsm
 
 import (
-	"log/slog"
-	"path/filepath"
+	"strings"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
-	mlog "github.com/mqd/mqd/log"
 )
 
 // BenchmarkApplyOnePublish applies raft entries of one 1 KiB publish each
@@ -21,36 +17,20 @@ import (
 //
 //	go test -run '^$' -bench ApplyOnePublish -benchtime 5000x ./fsm/
 func BenchmarkApplyOnePublish(b *testing.B) {
-	f, err := OpenFSM(filepath.Join(b.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	now := time.Now().UnixMilli()
-	var idx uint64
-	apply := func(c *command.Command) {
-		idx++
-		r := f.ApplyBatch([]*raft.Log{{Index: idx, Term: 1, Type: raft.LogCommand, Data: c.Encode()}})[0].(*Result)
-		if r.Err != nil {
-			b.Fatal(r.Err)
-		}
-	}
-	apply(&command.Command{Op: command.OpPutTopic, Now: now, Topic: "t"})
-	val := make([]byte, 1024)
-	publish := func() {
-		m := &mlog.Message{PublishedAt: now, MaxRetry: -1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: val}
-		apply(&command.Command{Op: command.OpPublish, Now: now, Topic: "t", Msgs: []mlog.Placed{{Msg: m}}})
-	}
+	h := mustFSM(b)
+	const now = 1_700_000_000_000
+	h.must(&command.Command{Op: command.OpPutTopic, Now: now, Topic: "t"})
+	body := strings.Repeat("x", 1024)
 	for range 2000 {
-		publish()
+		h.must(publish(now, "t", msg(body)))
 	}
-	s0 := f.db.Stats()
+	s0 := h.f.db.Stats()
 	b.ResetTimer()
 	for range b.N {
-		publish()
+		h.must(publish(now, "t", msg(body)))
 	}
 	b.StopTimer()
-	s1 := f.db.Stats()
+	s1 := h.f.db.Stats()
 	d := s1.Sub(&s0)
 	n := float64(b.N)
 	b.ReportMetric(float64(d.TxStats.GetWrite())/n, "pages_written/op")
