@@ -12,7 +12,7 @@ import (
 // keep the page to itself; anything else under /ui/ is a 404.
 func TestConsoleFiles(t *testing.T) {
 	rt := mustRouter(t)
-	s := &Server{}
+	s := &Server{core: &core{}}
 	for _, c := range []struct {
 		path, ctype, contains string
 	}{

@@ -153,7 +153,7 @@ func parseOpenAPI(t *testing.T, b []byte) (*openapiDocument, map[string]openapiO
 // it can answer, and the document has nothing the table lacks.
 func TestOpenAPI(t *testing.T) {
 	d, ops := parseOpenAPI(t, openapiDoc)
-	table := (&Server{}).routes()
+	table := (&Server{core: &core{}}).routes()
 	if _, err := newRouter(table); err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestOpenAPI(t *testing.T) {
 // (and through TestOpenAPI, openapi.yaml) must list it.
 func TestPprofOffIsDocumented(t *testing.T) {
 	n := 0
-	for _, r := range (&Server{}).routes() {
+	for _, r := range (&Server{core: &core{}}).routes() {
 		key := r.Method + " " + docPath(r.Pattern)
 		if !strings.HasPrefix(key, "GET /debug/pprof/") && !strings.HasPrefix(key, "POST /debug/pprof/") {
 			continue

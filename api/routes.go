@@ -81,6 +81,7 @@ type Route struct {
 	handler  func(*fasthttp.RequestCtx, *route) error
 
 	hasTopic, hasGroup bool // the pattern names them
+	idx                int  // the route's place in the table (a data group's view has its own table, views.go)
 }
 
 // route is one request's matched Route and its path parameters.
@@ -179,6 +180,7 @@ func newRouter(table []Route) (*router, error) {
 	rt := &router{}
 	for i := range table {
 		r := &table[i]
+		r.idx = i
 		if r.Perm == 0 || r.handler == nil {
 			return nil, fmt.Errorf("route %s %s: no permission or handler", r.Method, r.Pattern)
 		}

@@ -9,7 +9,7 @@ import (
 
 func mustRouter(t testing.TB) *router {
 	t.Helper()
-	rt, err := newRouter((&Server{}).routes())
+	rt, err := newRouter((&Server{core: &core{}}).routes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestRouteValidate(t *testing.T) {
 // leader routes for everything that reads or changes topics, and the
 // permissions SPEC §8 names for the routes it names.
 func TestRouteTable(t *testing.T) {
-	table := (&Server{}).routes()
+	table := (&Server{core: &core{}}).routes()
 	if _, err := newRouter(table); err != nil {
 		t.Fatal(err)
 	}

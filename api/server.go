@@ -66,12 +66,28 @@ type Options struct {
 	// coalesced (--forward-coalesce; coalesce.go). Every node serves the
 	// internal route whatever it is.
 	CoalesceForward bool
+	// DataGroups makes the metadata leader place every new topic in a
+	// data group (--data-groups; views.go) instead of the default group.
+	// A topic placed in one is served from it whatever the flag.
+	DataGroups bool
 }
 
-// Server serves mqd's HTTP API for one node.
+// Server serves mqd's HTTP API for one node. A Server is also the view of
+// one data group's requests (views.go): node and state are then that
+// group's, and everything else (core) is the node's server's.
 type Server struct {
-	node       Node
-	state      State
+	*core
+	node  Node
+	state State
+	cfgs  cfgCache
+	// table is this view's routes, their handlers bound to it (a data
+	// group's view; nil for the node's server, whose router holds them).
+	table []Route
+	group string // the data group this view is of; "" for the node's server
+}
+
+// core is what a node's server and its data groups' views share.
+type core struct {
 	opts       Options
 	limits     *limiters
 	logger     *slog.Logger
@@ -80,7 +96,6 @@ type Server struct {
 	coal       coalescer // coalesced forwarding (coalesce.go)
 	waiters    *waiters
 	metrics    *metrics
-	cfgs       cfgCache
 	router     *router
 	connLimits Limits
 	conns      *connLimiter
@@ -90,6 +105,7 @@ type Server struct {
 	rr         atomic.Uint32           // round-robin partition choice
 	loud       loudLimiter             // spaces out 5xx warnings (requestlog.go)
 	series     map[string]*routeSeries // per route pattern (reqmetrics.go)
+	views      views                   // data groups' views (views.go)
 }
 
 // New builds a server for node and the state machine it replicates.
@@ -99,8 +115,8 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 
 // newServer builds a server on any Node and State (an in-process test's).
 func newServer(node Node, state State, logger *slog.Logger, opts Options) *Server {
-	s := &Server{node: node, state: state, logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
-		connLimits: opts.Limits.withDefaults()}
+	s := &Server{node: node, state: state, core: &core{logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
+		connLimits: opts.Limits.withDefaults()}}
 	s.conns = newConnLimiter(s.connLimits, logger)
 	s.budget = newBodyBudget(s.connLimits.BodyBudget)
 	s.conns.tls = opts.TLS != nil
@@ -224,14 +240,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if err == nil {
 		var stale bool
-		if stale, err = staleAsked(ctx, r); err != nil {
-			// a bad ?stale= value: answered below
-		} else if stale {
-			err = s.serveStale(ctx, r)
-		} else if r.def.Leader {
-			err = s.onLeader(ctx, r)
-		} else {
-			err = r.def.handler(ctx, r)
+		if stale, err = staleAsked(ctx, r); err == nil { // else a bad ?stale= value: answered below
+			err = s.dispatch(ctx, r, stale)
 		}
 	}
 	if err != nil {
@@ -323,7 +333,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			continue
 		}
-		if r.def.Coalesce && s.opts.CoalesceForward && !fallback {
+		if r.def.Coalesce && s.opts.CoalesceForward && s.group == "" && !fallback {
 			err := s.viaCoalesced(ctx, r)
 			switch {
 			case errors.Is(err, errCoalesceFallback):
@@ -406,6 +416,12 @@ func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, bod
 	if !ok {
 		return fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)
 	}
+	return s.forwardTo(rctx, ctx, addr, hops, body)
+}
+
+// forwardTo proxies the request to the node at HTTP address addr, as hop
+// hops+1, with its body replaced by body unless nil.
+func (s *Server) forwardTo(rctx context.Context, ctx *fasthttp.RequestCtx, addr string, hops int, body []byte) error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req) // which drops the raw body
 	// The head is copied; the body is not (it can be 16 MiB): the forward

@@ -62,6 +62,9 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 		return err
 	}
 	if _, err := s.topicConfig(r.topic); errors.Is(err, mlog.ErrTopicNotFound) {
+		if handled, err := s.placeNewTopic(ctx, r); handled {
+			return err
+		}
 		// Creating adds data; changing a topic (retention, limits) may be
 		// how an operator frees space, so it stays allowed.
 		if err := s.node.CheckDisk(0); err != nil {

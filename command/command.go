@@ -36,14 +36,17 @@ const (
 	OpReplayStep
 	OpDeleteDeadLetter
 	OpSetFormat
-	OpProcess // from state format 3 (format.go)
-	opEnd     // one past the last op
+	OpProcess     // from state format 3 (format.go)
+	OpCreateGroup // from state format 4: the metadata group records a data group
+	OpPlaceTopic  // from state format 4: the metadata group places a topic in a data group
+	opEnd         // one past the last op
 )
 
 func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
 		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi",
-		"nack", "replay", "replay_step", "delete_dead_letter", "set_format", "process"}
+		"nack", "replay", "replay_step", "delete_dead_letter", "set_format", "process",
+		"create_group", "place_topic"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -90,6 +93,9 @@ type Command struct {
 	Rate      uint64   // OpReplay: letters per second
 	Format    uint32   // OpSetFormat: the state format to switch to (format.go)
 	Outputs   []Output // OpProcess: the messages to publish, with Receipts to ack
+	// Members (OpCreateGroup): the node ids of data group Group's
+	// replicas, the first the one that should lead it.
+	Members []string
 }
 
 // Output is one message an OpProcess publishes, to any topic, placed on
@@ -173,6 +179,9 @@ func EncodeMulti(now int64, subs [][]byte) []byte {
 func (c *Command) sizeHint() int {
 	n := 64 + len(c.Topic) + len(c.Group) + len(c.Producer) + len(c.NodeID) + len(c.Reason) +
 		30*len(c.Receipts) + 10*(len(c.IDs)+len(c.Rands))
+	for _, m := range c.Members {
+		n += 10 + len(m)
+	}
 	for _, x := range c.Expired {
 		n += 40 + len(x.Topic) + len(x.Group)
 	}
@@ -272,6 +281,15 @@ func (c *Command) encode(e *mlog.Enc) {
 			e.U64(uint64(o.Partition))
 			o.Msg.Encode(e)
 		}
+	case OpCreateGroup:
+		e.Str(c.Group)
+		e.U64(uint64(len(c.Members)))
+		for _, m := range c.Members {
+			e.Str(m)
+		}
+	case OpPlaceTopic:
+		e.Str(c.Topic)
+		e.Str(c.Group)
 	}
 }
 
@@ -409,6 +427,15 @@ func Decode(b []byte) (*Command, error) {
 			o.Partition = uint32(d.U64())
 			o.Msg = mlog.DecodeMessage(&d)
 		}
+	case OpCreateGroup:
+		c.Group = d.Str()
+		n := d.Len(1)
+		c.Members = make([]string, n)
+		for i := range c.Members {
+			c.Members[i] = d.Str()
+		}
+	case OpPlaceTopic:
+		c.Topic, c.Group = d.Str(), d.Str()
 	default:
 		if d.Err() == nil {
 			return nil, fmt.Errorf("%w: unknown op %d", mlog.ErrCorrupt, c.Op)

@@ -52,6 +52,10 @@ func dispatch(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result,
 		return &Result{}, applySetFormat(tx, c, ev)
 	case command.OpProcess:
 		return applyProcess(tx, idx, c, ev)
+	case command.OpCreateGroup:
+		return &Result{}, applyCreateGroup(tx, c, ev)
+	case command.OpPlaceTopic:
+		return applyPlaceTopic(tx, c, ev)
 	}
 	return &Result{}, nil
 }

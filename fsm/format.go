@@ -32,12 +32,16 @@ import (
 //     message it was and its deliveries (group.TraceKeys). A binary
 //     before format 3 cannot decode OpProcess and would expire a kind 'o'
 //     entry as corrupt.
+//   - 4: the metadata group keeps the directory of data groups
+//     (directory.go): OpCreateGroup and OpPlaceTopic are applied. A binary
+//     before format 4 cannot decode them, and would serve a placed topic
+//     from the default group, which does not hold it.
 //
 // A format's rules are fixed once a release writes it
 // (docs/ARCHITECTURE.md, State format).
 const (
 	// StateFormat is the highest format this binary reads and writes.
-	StateFormat = 3
+	StateFormat = 4
 	// FormatUnset is the format of a state without the meta key.
 	FormatUnset = 1
 )

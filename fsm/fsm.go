@@ -35,6 +35,7 @@ type Result struct {
 	Multi      []*Result      // command.OpMulti: one result per command
 	Accepted   uint64         // command.OpReplay, command.OpReplayStep: letters queued or replayed
 	Process    *ProcessResult // command.OpProcess (process.go)
+	Group      string         // command.OpPlaceTopic: the data group the topic is in
 }
 
 // Events is what a batch did that soft state must learn: topics that
@@ -48,6 +49,9 @@ type Events struct {
 	ConfigChanged bool
 	// NodesChanged: a node's addresses were recorded.
 	NodesChanged bool
+	// DirectoryChanged: a data group was recorded or a topic placed
+	// (directory.go).
+	DirectoryChanged bool
 	// Replays: groups whose queue of dead letters to replay changed.
 	Replays []TopicGroup
 	// Touched: topics a command of the batch named (repeats possible).
@@ -171,7 +175,12 @@ type FSM struct {
 	// every restore); nodes caches the addresses read at some generation.
 	nodesGen atomic.Uint64
 	nodes    atomic.Pointer[nodesCache]
-	now      int64 // ApplyBatch's running time, loaded from and saved to meta "now"
+	// dirGen and dir do the same for the directory (directory.go);
+	// dirNotify is OnDirectory's function.
+	dirGen    atomic.Uint64
+	dir       atomic.Pointer[dirCache]
+	dirNotify atomic.Pointer[func()]
+	now       int64 // ApplyBatch's running time, loaded from and saved to meta "now"
 	// format is the state's format (meta "state_format") after the last
 	// applied batch, open or restore.
 	format atomic.Int32
@@ -503,6 +512,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if ev.NodesChanged {
 		f.nodesGen.Add(1)
 	}
+	if ev.DirectoryChanged {
+		f.directoryChanged()
+	}
 	if len(ev.Topics) > 0 {
 		f.Wake(ev.Topics)
 	}
@@ -712,6 +724,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.restores.Add(1)
 	f.cfgGen.Add(1)
 	f.nodesGen.Add(1)
+	f.directoryChanged()
 	f.markSnapshot()
 	applied, _ := f.storedApplied()
 	f.applied.Store(applied)

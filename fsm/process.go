@@ -20,7 +20,7 @@ var (
 	// leader has not raised it yet (within a second of leading). A 503:
 	// retried, it succeeds once the format is raised.
 	ErrFormatTooOld = refusal.New(503, "state_format_too_old",
-		"the cluster's state format is too old for this request: every member must run a binary that reads format 3")
+		"the cluster's state format is too old for this request: every member must run a binary that reads the format it needs")
 )
 
 // ProcessFormat is the state format from which OpProcess is applied.

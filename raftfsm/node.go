@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,7 @@ type Node struct {
 	def *replica.Group
 	// FSM is the default group's state machine.
 	FSM        *fsm.FSM
+	data       dataGroups   // the data groups this node holds (groups.go)
 	dirLock    *dirLock     // held from Open to Shutdown
 	mux        *raftmux.Mux // the node's raft port, shared by its groups (transport.go)
 	disk       *diskGuard
@@ -138,6 +140,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger, dirLock: lock}
+	n.data = dataGroups{open: map[string]*replica.Group{}, failed: map[string]string{}, wake: make(chan struct{}, 1)}
 	n.ready.hc = n.peerClient(readyAsk)
 	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.Logger)
 	if n.clock, err = newClock(); err != nil {
@@ -150,6 +153,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.FSM = n.def.FSM()
+	n.FSM.OnDirectory(n.wakeGroups)
 	return n, nil
 }
 
@@ -213,6 +217,7 @@ func (n *Node) groupHooks(id string) replica.Hooks {
 		TransferTarget: n.transferTarget,
 	}
 	if id != replica.DefaultGroup {
+		h.Lead = n.dataLead
 		return h
 	}
 	h.CheckStores = func(g *replica.Group) error { return n.checkID(g.Stable()) }
@@ -299,6 +304,7 @@ func (n *Node) WaitLeader(ctx context.Context) bool {
 func (n *Node) Run(ctx context.Context) {
 	go n.probeLoop(ctx)
 	go n.recordClockLoop(ctx.Done())
+	go n.groupLoop(ctx)
 	n.def.Run(ctx)
 }
 
@@ -306,7 +312,10 @@ func (n *Node) Run(ctx context.Context) {
 // the clock and releases the data dir. The loops end with the context
 // given to Run.
 func (n *Node) Shutdown() error {
-	err := n.def.Shutdown()
+	err := n.shutdownDataGroups()
+	if e := n.def.Shutdown(); e != nil {
+		err = e
+	}
 	n.closeMux() // after every group: they share the port
 	n.recordClock()
 	n.closeReady()
@@ -322,10 +331,19 @@ func (n *Node) HandingOff() bool { return n.def.HandingOff() }
 // leads (and its address is known), or when ctx ends. From then on this
 // node proposes nothing.
 func (n *Node) HandOff(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, g := range n.DataGroups() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.HandOff(ctx, nil)
+		}()
+	}
 	n.def.HandOff(ctx, func() (string, bool) {
 		id, _, ok := n.Leader()
 		return id, ok
 	})
+	wg.Wait()
 }
 
 // Bootstrap forms a new cluster of the given servers.

@@ -59,6 +59,7 @@ const (
 	flagHTTPIdleTimeout   = "http-idle-timeout"
 	flagForwardConns      = "forward-connections"
 	flagForwardCoalesce   = "forward-coalesce"
+	flagDataGroups        = "data-groups"
 	flagBodyBudget        = "http-body-budget-mib"
 	flagMemoryLimit       = "memory-limit-mib"
 )
@@ -69,7 +70,7 @@ type options struct {
 	logFormat                                                               string
 	pprof, acceptClock                                                      bool
 	metricsGroups                                                           bool
-	forwardCoalesce                                                         bool
+	forwardCoalesce, dataGroups                                             bool
 	authFile, nodeToken                                                     string
 	tlsCert, tlsKey, tlsCA                                                  string
 	ratePerToken, ratePerConn                                               float64
@@ -105,6 +106,8 @@ func serverFlags(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
 	fs.BoolVar(&o.forwardCoalesce, flagForwardCoalesce, false,
 		"a follower sends publishes to the leader coalesced, many in one internal request, instead of forwarding each HTTP request (experimental: docs/performance.md)")
+	fs.BoolVar(&o.dataGroups, flagDataGroups, false,
+		"on the metadata leader: place every new topic in a data group of its own raft group, spread over the nodes (experimental: docs/operations.md, Data groups)")
 	fs.BoolVar(&o.metricsGroups, flagMetricsGroups, true,
 		"write the per-group series of the state on /metrics (false: per-topic only, for states with too many groups to scrape)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",
@@ -321,7 +324,7 @@ func run(o *options) error {
 	srv := api.New(node, logger, api.Options{Auth: tokens, TLS: certs, Pprof: o.pprof,
 		Rates: api.RateLimits{PerToken: o.ratePerToken, PerConnection: o.ratePerConn}, Limits: o.limits,
 		NoGroupSeries: !o.metricsGroups, NodeToken: o.nodeToken,
-		CoalesceForward: o.forwardCoalesce})
+		CoalesceForward: o.forwardCoalesce, DataGroups: o.dataGroups})
 	// Connection limits count TCP connections, under TLS.
 	ln = srv.LimitListener(ln)
 	if certs != nil {

@@ -1,0 +1,171 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/mqd/mqd/raftfsm"
+	"github.com/mqd/mqd/replica"
+	"github.com/valyala/fasthttp"
+)
+
+// Data groups (SPEC section 12). The metadata group's directory places a
+// topic in a data group (raftfsm/placement.go); a topic it does not name
+// lives in the default group, as every topic did before. A request about
+// a placed topic is served by the view of its group: a Server sharing the
+// node's core whose node (proposals, leadership) and state are the data
+// group's, with the route table bound to it, so that every handler keeps
+// its meaning for the one group that holds the whole topic. A node that
+// holds no replica of the group forwards the request to one that does.
+
+// groupedNode is what a node with data groups answers (*raftfsm.Node).
+type groupedNode interface {
+	TopicGroup(topic string) string
+	HeldGroup(id string) (*raftfsm.GroupView, bool)
+	GroupMembers(id string) []string
+	PlaceTopic(ctx context.Context, topic string) (string, error)
+}
+
+// views are the node's data groups' views, made on a group's first
+// request.
+type views struct {
+	mu sync.Mutex
+	m  map[string]*Server
+}
+
+// grouped is the node's data groups, if it has any.
+func (s *Server) grouped() (groupedNode, bool) {
+	if s.group != "" {
+		return nil, false
+	}
+	gn, ok := s.node.(groupedNode)
+	return gn, ok
+}
+
+// view is the server of data group id's requests, if this node holds a
+// replica of the group.
+func (s *Server) view(id string) (*Server, bool) {
+	gn, ok := s.grouped()
+	if !ok {
+		return nil, false
+	}
+	gv, held := gn.HeldGroup(id)
+	if !held {
+		return nil, false
+	}
+	s.views.mu.Lock()
+	defer s.views.mu.Unlock()
+	if v := s.views.m[id]; v != nil && v.node.(*raftfsm.GroupView).Replica() == gv.Replica() {
+		return v, true
+	}
+	v := &Server{core: s.core, node: gv, state: gv.Replica().FSM(), group: id}
+	v.table = v.routes()
+	gv.Replica().FSM().OnNotify(s.waiters.wake)
+	if s.views.m == nil {
+		s.views.m = map[string]*Server{}
+	}
+	s.views.m[id] = v
+	return v, true
+}
+
+// dispatch runs a matched, authorized request: on the view of its topic's
+// data group when the topic is placed in one (or on a node that holds
+// it), else here; stale reads from this node's state, leader routes on
+// the leader.
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, r *route, stale bool) error {
+	sv := s
+	if r.def.hasTopic {
+		if gn, ok := s.grouped(); ok {
+			if id := gn.TopicGroup(r.topic); id != "" {
+				v, held := s.view(id)
+				if !held {
+					return s.toGroupMember(ctx, gn, id)
+				}
+				sv, r.def = v, &v.table[r.def.idx]
+			}
+		}
+	}
+	switch {
+	case stale:
+		return sv.serveStale(ctx, r)
+	case r.def.Leader:
+		return sv.onLeader(ctx, r)
+	}
+	return r.def.handler(ctx, r)
+}
+
+// toGroupMember forwards a request about a topic of data group id, which
+// this node holds no replica of, to a node that does (it forwards on to
+// the group's leader): the members in the directory's order, the next
+// one when one cannot be reached.
+func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string) error {
+	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
+	if hops >= maxForwardHops {
+		return fmt.Errorf("%w: data group %s is changing, retry", replica.ErrNotLeader, id)
+	}
+	rctx, cancel, err := deadline(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	members := gn.GroupMembers(id)
+	nodes := s.state.Nodes()
+	err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
+	for _, m := range members {
+		info, ok := nodes[m]
+		if !ok || info.HTTPAddr == "" || m == s.node.ID() {
+			continue
+		}
+		if err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
+			return err
+		}
+		ctx.Response.Reset()
+	}
+	return err
+}
+
+// placeNewTopic is the creation of a topic that does not exist, on the
+// metadata leader, when new topics go to data groups (Options.DataGroups):
+// the topic is placed (raftfsm.Node.PlaceTopic) and the request is then
+// served by its group, once this node holds it, or by a member. handled
+// false: the topic stays in the default group (data groups are off, or
+// this is a data group's view).
+func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route) (handled bool, err error) {
+	gn, ok := s.grouped()
+	if !ok || !s.opts.DataGroups {
+		return false, nil
+	}
+	id, err := gn.PlaceTopic(r.ctx, r.topic)
+	if err != nil {
+		return true, err
+	}
+	members := gn.GroupMembers(id)
+	for {
+		if v, held := s.view(id); held {
+			r2 := *r
+			r2.def = &v.table[r.def.idx]
+			return true, v.onLeader(ctx, &r2)
+		}
+		if !containsID(members, s.node.ID()) {
+			return true, s.toGroupMember(ctx, gn, id)
+		}
+		// This node is a member: its replica opens once the directory's
+		// change is applied here (raftfsm/groups.go).
+		if err := pause(r.ctx, 10*time.Millisecond); err != nil {
+			return true, fmt.Errorf("%w: data group %s of topic %s did not open here in time", replica.ErrNotLeader, id, r.topic)
+		}
+	}
+}
+
+func containsID(ids []string, id string) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}

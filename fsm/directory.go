@@ -1,0 +1,178 @@
+package fsm
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/internal/refusal"
+	mlog "github.com/mqd/mqd/log"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The directory is the metadata group's record of the data groups (SPEC
+// section 12, docs/ARCHITECTURE.md "Several Raft groups"): each data
+// group's members, and the group each topic placed since state format 4
+// lives in. A topic the directory does not name lives in the default
+// group, as every topic did before. Only the default group's state holds
+// a directory; a data group's stays without the bucket.
+//
+// Keys of bucket "directory": "g" + group id → the members' ids (the first
+// the one that should lead); "t" + topic → group id.
+
+// DirectoryFormat is the state format from which OpCreateGroup and
+// OpPlaceTopic are applied.
+const DirectoryFormat = 4
+
+var (
+	bktDirectory = []byte("directory")
+
+	// ErrGroupUnknown: a topic was placed in a group the directory does
+	// not hold.
+	ErrGroupUnknown = refusal.New(409, "group_unknown", "no such data group")
+	// ErrGroupMembers: a data group was recorded again with other
+	// members, or with none.
+	ErrGroupMembers = refusal.New(409, "group_members", "a data group's members are fixed when it is created and cannot be empty")
+)
+
+// Directory is the directory as of some applied index: a value the caller
+// must not change.
+type Directory struct {
+	// Groups: data group id → members, the preferred leader first.
+	Groups map[string][]string
+	// Topics: topic → data group id, for the topics placed in one.
+	Topics map[string]string
+}
+
+// GroupOf is the data group topic lives in, or "" for the default group.
+func (d *Directory) GroupOf(topic string) string { return d.Topics[topic] }
+
+// Counts is the number of topics placed in each data group.
+func (d *Directory) Counts() map[string]int {
+	out := make(map[string]int, len(d.Groups))
+	for g := range d.Groups {
+		out[g] = 0
+	}
+	for _, g := range d.Topics {
+		out[g]++
+	}
+	return out
+}
+
+// dirCache is the directory as read at generation gen.
+type dirCache struct {
+	gen uint64
+	dir *Directory
+}
+
+// Directory returns the directory, read anew only when a batch that
+// changed it (or a restore) moved dirGen since the cached read (as
+// nodeAddrs does for the nodes bucket).
+func (f *FSM) Directory() *Directory {
+	gen := f.dirGen.Load()
+	if c := f.dir.Load(); c != nil && c.gen == gen {
+		return c.dir
+	}
+	d := &Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	_ = f.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktDirectory)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			if len(k) < 2 {
+				return nil
+			}
+			switch k[0] {
+			case 'g':
+				if m, err := decodeMembers(v); err == nil {
+					d.Groups[string(k[1:])] = m
+				}
+			case 't':
+				d.Topics[string(k[1:])] = string(v)
+			}
+			return nil
+		})
+	})
+	f.dir.Store(&dirCache{gen: gen, dir: d})
+	return d
+}
+
+// OnDirectory sets the function called after every applied batch that
+// changed the directory and after every restore (from raft's apply
+// goroutine: it must not block).
+func (f *FSM) OnDirectory(fn func()) { f.dirNotify.Store(&fn) }
+
+func (f *FSM) directoryChanged() {
+	f.dirGen.Add(1)
+	if fn := f.dirNotify.Load(); fn != nil {
+		(*fn)()
+	}
+}
+
+func encodeMembers(ms []string) []byte {
+	var e mlog.Enc
+	e.U64(uint64(len(ms)))
+	for _, m := range ms {
+		e.Str(m)
+	}
+	return e.B
+}
+
+func decodeMembers(b []byte) ([]string, error) {
+	d := mlog.Dec{B: b}
+	ms := make([]string, d.Len(1))
+	for i := range ms {
+		ms[i] = d.Str()
+	}
+	return ms, d.Err()
+}
+
+// applyCreateGroup records data group c.Group with c.Members. Recording
+// it again with the same members changes nothing (a retried proposal).
+func applyCreateGroup(tx *bolt.Tx, c *command.Command, ev *Events) error {
+	if ev.format < DirectoryFormat {
+		return fmt.Errorf("%w (it is %d; data groups need %d)", ErrFormatTooOld, ev.format, DirectoryFormat)
+	}
+	if c.Group == "" || len(c.Members) == 0 {
+		return fmt.Errorf("%w: group %q", ErrGroupMembers, c.Group)
+	}
+	b, err := tx.CreateBucketIfNotExists(bktDirectory)
+	if err != nil {
+		return err
+	}
+	key := append([]byte{'g'}, c.Group...)
+	if v := b.Get(key); v != nil {
+		if had, err := decodeMembers(v); err == nil && slices.Equal(had, c.Members) {
+			return nil
+		}
+		return fmt.Errorf("%w: group %s exists with other members", ErrGroupMembers, c.Group)
+	}
+	ev.DirectoryChanged = true
+	return b.Put(key, encodeMembers(c.Members))
+}
+
+// applyPlaceTopic places c.Topic in data group c.Group, unless the topic
+// is placed already: a topic never moves between groups, so the result
+// names the group it is in (Result.Group).
+func applyPlaceTopic(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, error) {
+	if ev.format < DirectoryFormat {
+		return nil, fmt.Errorf("%w (it is %d; data groups need %d)", ErrFormatTooOld, ev.format, DirectoryFormat)
+	}
+	b := tx.Bucket(bktDirectory)
+	if b == nil || b.Get(append([]byte{'g'}, c.Group...)) == nil {
+		return nil, fmt.Errorf("%w: %s", ErrGroupUnknown, c.Group)
+	}
+	key := append([]byte{'t'}, c.Topic...)
+	if v := b.Get(key); v != nil {
+		return &Result{Group: string(v)}, nil
+	}
+	ev.DirectoryChanged = true
+	return &Result{Group: c.Group, Created: true}, b.Put(key, []byte(c.Group))
+}
+
+// Clone returns a copy of d the caller may change.
+func (d *Directory) Clone() *Directory {
+	return &Directory{Groups: maps.Clone(d.Groups), Topics: maps.Clone(d.Topics)}
+}

@@ -1,0 +1,72 @@
+package fsm
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/mqd/mqd/command"
+)
+
+func TestDirectory(t *testing.T) {
+	h := mustFSM(t)
+	calls := 0
+	h.f.OnDirectory(func() { calls++ })
+	create := &command.Command{Op: command.OpCreateGroup, Now: 1, Group: "g1", Members: []string{"n2", "n3", "n1"}}
+	place := &command.Command{Op: command.OpPlaceTopic, Now: 1, Topic: "orders", Group: "g1"}
+
+	// Before format 4 both are refused and write nothing.
+	before := dumpDB(t, h.f)
+	for _, c := range []*command.Command{create, place} {
+		if r := h.apply(c); !errors.Is(r.Err, ErrFormatTooOld) {
+			t.Fatalf("%s in format 1: %v, want ErrFormatTooOld", c.Op, r.Err)
+		}
+	}
+	if after := dumpDB(t, h.f); !reflect.DeepEqual(before, after) {
+		t.Fatalf("refused directory commands wrote:\n%s", diffDumps(before, after))
+	}
+
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: DirectoryFormat})
+	if r := h.apply(place); !errors.Is(r.Err, ErrGroupUnknown) {
+		t.Fatalf("place in an unknown group: %v, want ErrGroupUnknown", r.Err)
+	}
+	h.must(create)
+	h.must(create) // again, same members: nothing changes
+	if r := h.apply(&command.Command{Op: command.OpCreateGroup, Now: 1, Group: "g1", Members: []string{"n1"}}); !errors.Is(r.Err, ErrGroupMembers) {
+		t.Fatalf("g1 again with other members: %v, want ErrGroupMembers", r.Err)
+	}
+	if r := h.apply(&command.Command{Op: command.OpCreateGroup, Now: 1, Group: "g2"}); !errors.Is(r.Err, ErrGroupMembers) {
+		t.Fatalf("a group without members: %v, want ErrGroupMembers", r.Err)
+	}
+	if r := h.must(place); r.Group != "g1" || !r.Created {
+		t.Fatalf("place: %+v", r)
+	}
+	h.must(&command.Command{Op: command.OpCreateGroup, Now: 1, Group: "g2", Members: []string{"n1"}})
+	// A topic never moves: placing it again answers where it is.
+	if r := h.must(&command.Command{Op: command.OpPlaceTopic, Now: 1, Topic: "orders", Group: "g2"}); r.Group != "g1" || r.Created {
+		t.Fatalf("place again elsewhere: %+v, want g1, not created", r)
+	}
+	if calls != 3 {
+		t.Fatalf("OnDirectory called %d times, want 3 (g1, orders, g2)", calls)
+	}
+	d := h.f.Directory()
+	want := &Directory{Groups: map[string][]string{"g1": {"n2", "n3", "n1"}, "g2": {"n1"}}, Topics: map[string]string{"orders": "g1"}}
+	if !reflect.DeepEqual(d, want) {
+		t.Fatalf("directory %+v, want %+v", d, want)
+	}
+	if d.GroupOf("orders") != "g1" || d.GroupOf("other") != "" {
+		t.Fatalf("GroupOf: %q %q", d.GroupOf("orders"), d.GroupOf("other"))
+	}
+	if c := d.Counts(); c["g1"] != 1 || c["g2"] != 0 {
+		t.Fatalf("counts %v", c)
+	}
+
+	// A snapshot carries the directory; the restore tells OnDirectory.
+	dst := mustFSM(t)
+	dcalls := 0
+	dst.f.OnDirectory(func() { dcalls++ })
+	h.restoreInto(dst)
+	if got := dst.f.Directory(); !reflect.DeepEqual(got, want) || dcalls != 1 {
+		t.Fatalf("restored directory %+v (%d calls), want %+v", got, dcalls, want)
+	}
+}

@@ -1,0 +1,54 @@
+package raftfsm
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/mqd/mqd/fsm"
+)
+
+// Topics spread evenly over one group per voter, each preferring another
+// leader; a group is made only when its set has none.
+func TestChoosePlacement(t *testing.T) {
+	dir := &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	voters := []string{"n3", "n1", "n2"}
+	leaders := map[string]int{}
+	for i := range 9 {
+		id, members, create := choosePlacement(voters, DefaultReplicas, dir)
+		if _, had := dir.Groups[id]; had == create {
+			t.Fatalf("topic %d: group %s create=%v, but it exists=%v", i, id, create, had)
+		}
+		if len(members) != 3 {
+			t.Fatalf("topic %d: members %v, want 3", i, members)
+		}
+		dir.Groups[id] = members
+		dir.Topics["t"+string(rune('a'+i))] = id
+		leaders[members[0]]++
+	}
+	if len(dir.Groups) != 3 {
+		t.Fatalf("groups %v, want one per voter", dir.Groups)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if leaders[n] != 3 {
+			t.Fatalf("preferred leaders %v, want 3 topics each", leaders)
+		}
+	}
+	if want := []string{"n2", "n3", "n1"}; !slices.Equal(dir.Groups["g2"], want) {
+		t.Fatalf("g2 %v, want %v", dir.Groups["g2"], want)
+	}
+	// Five voters, three replicas: five sets.
+	dir = &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	for i := range 5 {
+		id, members, _ := choosePlacement([]string{"a", "b", "c", "d", "e"}, DefaultReplicas, dir)
+		dir.Groups[id] = members
+		dir.Topics[string(rune('a'+i))] = id
+	}
+	if len(dir.Groups) != 5 || !slices.Equal(dir.Groups["g5"], []string{"e", "a", "b"}) {
+		t.Fatalf("five voters: %v", dir.Groups)
+	}
+	// One voter: one group of one.
+	id, members, _ := choosePlacement([]string{"solo"}, DefaultReplicas, &fsm.Directory{})
+	if id != "g1" || !slices.Equal(members, []string{"solo"}) {
+		t.Fatalf("one voter: %s %v", id, members)
+	}
+}
