@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -74,11 +76,13 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 		StateFormat       int               `json:"state_format"`
 		Resources         raftfsm.Resources `json:"resources"`
 		Alarms            []string          `json:"alarms"`
+		Groups            []dataGroupJSON   `json:"groups,omitempty"`
 	}{Nodes: []clusterNode{}, Self: s.node.ID(), AppliedIndex: s.state.AppliedIndex(),
 		CommitIndex: s.node.CommitIndex(), LastSnapshotIndex: s.node.LastSnapshotIndex(),
 		StateFormat: s.state.StateFormat(), Resources: s.node.Resources()}
 	out.Alarms = alarms(out.Resources)
 	topics := s.topicCount()
+	out.Groups = s.dataGroupsJSON()
 	for _, sv := range servers {
 		info := infos[string(sv.ID)]
 		info.ID, info.RaftAddr = string(sv.ID), string(sv.Address)
@@ -105,13 +109,51 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 			out.Leader = &l
 			cn.TopicsLed = topics
 		}
-		if cn.Voter { // every topic is in the one raft group (placement in topics.go)
+		if cn.Voter { // the default group's topics (placement in topics.go)
 			cn.TopicsHeld = topics
+		}
+		for _, g := range out.Groups {
+			if slices.Contains(g.Members, info.ID) {
+				cn.TopicsHeld += g.Topics
+			}
+			if g.Leader == info.ID {
+				cn.TopicsLed += g.Topics
+			}
 		}
 		out.Nodes = append(out.Nodes, cn)
 	}
 	writeJSON(ctx, 200, out)
 	return nil
+}
+
+// dataGroupJSON is one data group in GET /v1/cluster: its members (the
+// preferred leader first), its leader as this node knows it (only when it
+// holds a replica), and the topics placed in it.
+type dataGroupJSON struct {
+	ID      string   `json:"id"`
+	Members []string `json:"members"`
+	Leader  string   `json:"leader,omitempty"`
+	Topics  int      `json:"topics"`
+}
+
+// dataGroupsJSON lists the directory's data groups, by id.
+func (s *Server) dataGroupsJSON() []dataGroupJSON {
+	gn, ok := s.grouped()
+	if !ok {
+		return nil
+	}
+	dir := gn.Directory()
+	counts := dir.Counts()
+	out := make([]dataGroupJSON, 0, len(dir.Groups))
+	for id, ms := range dir.Groups {
+		g := dataGroupJSON{ID: id, Members: ms, Topics: counts[id]}
+		if v, held := s.view(id); held {
+			g.Leader, _, _ = v.node.Leader()
+		}
+		out = append(out, g)
+	}
+	slices.SortFunc(out, func(a, b dataGroupJSON) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
 
 // topicCount is how many topics the state holds.

@@ -30,7 +30,10 @@ const (
 	maxTimeout       = 5 * time.Minute
 	maxWait          = 5 * time.Minute
 	forwardHeader    = "Mq-Forward-Hops"
-	maxForwardHops   = 2
+	// maxForwardHops bounds forwarding loops while leadership moves: a
+	// request may go from any node to the metadata leader (a topic's
+	// creation), to a member of the topic's data group, to its leader.
+	maxForwardHops = 3
 	// maxHandOffWait bounds how long a request on a stopping leader waits
 	// for another node to take the leadership.
 	maxHandOffWait = 2 * time.Second

@@ -115,12 +115,13 @@ func (s *Server) writeTopic(ctx *fasthttp.RequestCtx, status int, topic string) 
 // group's voters, its leader the group's leader (omitted while none is
 // known).
 type placement struct {
+	Group    string   `json:"group,omitempty"` // the data group; omitted for the default group
 	Replicas []string `json:"replicas"`
 	Leader   string   `json:"leader,omitempty"`
 }
 
 func (s *Server) placement() *placement {
-	p := &placement{Replicas: []string{}}
+	p := &placement{Group: s.group, Replicas: []string{}}
 	if servers, err := s.node.Servers(); err == nil {
 		for _, sv := range servers {
 			if sv.Suffrage == raft.Voter {
@@ -171,6 +172,11 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 		return err
 	}
 	after := string(ctx.QueryArgs().Peek("after"))
+	if gn, ok := s.grouped(); ok {
+		if dir := gn.Directory(); len(dir.Topics) > 0 {
+			return s.listTopicsGrouped(ctx, r, dir, after, limit)
+		}
+	}
 	out := []*topicStats{}
 	next := ""
 	now := nowMs()

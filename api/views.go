@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
+	mlog "github.com/mqd/mqd/log"
 	"github.com/mqd/mqd/raftfsm"
 	"github.com/mqd/mqd/replica"
 	"github.com/valyala/fasthttp"
@@ -28,6 +31,7 @@ type groupedNode interface {
 	HeldGroup(id string) (*raftfsm.GroupView, bool)
 	GroupMembers(id string) []string
 	PlaceTopic(ctx context.Context, topic string) (string, error)
+	Directory() *fsm.Directory
 }
 
 // views are the node's data groups' views, made on a group's first
@@ -80,8 +84,8 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, r *route, stale bool) error 
 	sv := s
 	if r.def.hasTopic {
 		if gn, ok := s.grouped(); ok {
-			if id := gn.TopicGroup(r.topic); id != "" {
-				v, held := s.view(id)
+			if id := s.topicGroup(ctx, gn, r.topic); id != "" {
+				v, held := s.waitView(ctx, gn, id)
 				if !held {
 					return s.toGroupMember(ctx, gn, id)
 				}
@@ -96,6 +100,48 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, r *route, stale bool) error 
 		return sv.onLeader(ctx, r)
 	}
 	return r.def.handler(ctx, r)
+}
+
+// placedHeader, on a request the metadata leader forwards to a member of
+// the data group it just placed the topic in, names that group: the member
+// waits (at most placeWait) until it has applied the placement and opened
+// its replica, instead of serving the topic from the default group. A
+// client that sends it only makes its request wait.
+const placedHeader = "Mq-Placed-Group"
+
+// placeWait bounds a member's wait for a placement it was told of, and for
+// the opening of its replica of a group the directory names it in.
+const placeWait = 3 * time.Second
+
+// topicGroup is the data group of topic, "" for the default group; told
+// of a new placement (placedHeader), it waits for the directory to show it.
+func (s *Server) topicGroup(ctx *fasthttp.RequestCtx, gn groupedNode, topic string) string {
+	id := gn.TopicGroup(topic)
+	if id != "" || len(ctx.Request.Header.Peek(placedHeader)) == 0 {
+		return id
+	}
+	until := time.Now().Add(placeWait)
+	for id == "" && time.Now().Before(until) {
+		time.Sleep(5 * time.Millisecond)
+		id = gn.TopicGroup(topic)
+	}
+	return id
+}
+
+// waitView is the view of data group id; when the directory names this
+// node a member but its replica is not open yet (the directory's change
+// was just applied), it waits at most placeWait for it.
+func (s *Server) waitView(ctx *fasthttp.RequestCtx, gn groupedNode, id string) (*Server, bool) {
+	v, held := s.view(id)
+	if held || !containsID(gn.GroupMembers(id), s.node.ID()) {
+		return v, held
+	}
+	until := time.Now().Add(placeWait)
+	for !held && time.Now().Before(until) {
+		time.Sleep(5 * time.Millisecond)
+		v, held = s.view(id)
+	}
+	return v, held
 }
 
 // toGroupMember forwards a request about a topic of data group id, which
@@ -120,6 +166,7 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 		if !ok || info.HTTPAddr == "" || m == s.node.ID() {
 			continue
 		}
+		ctx.Request.Header.Set(placedHeader, id)
 		if err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
 			return err
 		}
@@ -168,4 +215,80 @@ func containsID(ids []string, id string) bool {
 		}
 	}
 	return false
+}
+
+// topicState is the state that holds topic: the default group's, or its
+// data group's when this node holds a replica of it (ok false: it holds
+// none, and group names the one that does).
+func (s *Server) topicState(dir *fsm.Directory, topic string) (st State, group string, ok bool) {
+	id := dir.GroupOf(topic)
+	if id == "" {
+		return s.state, "", true
+	}
+	v, held := s.view(id)
+	if !held {
+		return nil, id, false
+	}
+	return v.state, id, true
+}
+
+// listTopicsGrouped is GET /v1/topics on a node whose directory places
+// topics in data groups: the names of the default group's topics and of
+// the placed ones in one order, each with its stats from the replica this
+// node holds; a topic of a group this node holds no replica of is listed
+// with its name and placement only.
+func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.Directory, after string, limit uint64) error {
+	var names []string
+	err := s.state.Read(func(rd *fsm.Reader) error {
+		rd.EachTopicAfter(after, func(t string) bool {
+			if r.sees(t) {
+				names = append(names, t)
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for t := range dir.Topics {
+		if t > after && r.sees(t) {
+			names = append(names, t)
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	next := ""
+	if uint64(len(names)) > limit {
+		names = names[:limit]
+		next = names[len(names)-1]
+	}
+	out := make([]*topicStats, 0, len(names))
+	now := nowMs()
+	for _, t := range names {
+		st, id, ok := s.topicState(dir, t)
+		if !ok {
+			out = append(out, &topicStats{Name: t, Placement: &placement{Group: id, Replicas: dir.Groups[id]}})
+			continue
+		}
+		var ts *fsm.TopicStats
+		err := st.Read(func(rd *fsm.Reader) error {
+			var err error
+			ts, err = rd.TopicStats(t, now)
+			return err
+		})
+		if errors.Is(err, mlog.ErrTopicNotFound) {
+			continue // placed, and not created yet or deleted since
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, topicJSON(ts))
+	}
+	body := map[string]any{"topics": out}
+	if next != "" {
+		body["next"] = next
+	}
+	writeJSON(ctx, 200, body)
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
@@ -16,6 +17,10 @@ import (
 // DefaultReplicas is the number of replicas of a topic placed in a data
 // group (SPEC section 12), or every node when the cluster has fewer.
 const DefaultReplicas = 3
+
+// formatWait bounds PlaceTopic's wait for the state format that data
+// groups need.
+const formatWait = 3 * time.Second
 
 // PlaceTopic places a new topic in a data group, on the metadata leader
 // (this node must lead the default group): it answers the group the topic
@@ -31,8 +36,13 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string) (string, error) {
 	if g := dir.GroupOf(topic); g != "" {
 		return g, nil
 	}
-	if f := n.FSM.StateFormat(); f < fsm.DirectoryFormat {
-		return "", fmt.Errorf("%w (it is %d; data groups need %d)", fsm.ErrFormatTooOld, f, fsm.DirectoryFormat)
+	// A new cluster's leader raises the format within about a second of
+	// leading (formatraise.go): wait for it that long, not longer (a
+	// member on an older binary keeps it down).
+	for wait := time.Now().Add(formatWait); n.FSM.StateFormat() < fsm.DirectoryFormat; {
+		if time.Now().After(wait) || replica.Pause(ctx, 20*time.Millisecond) != nil {
+			return "", fmt.Errorf("%w (it is %d; data groups need %d)", fsm.ErrFormatTooOld, n.FSM.StateFormat(), fsm.DirectoryFormat)
+		}
 	}
 	servers, err := n.Servers()
 	if err != nil {
