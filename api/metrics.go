@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/fsm"
+	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/group"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -55,6 +56,18 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(m.receipts, m.requests, m.requestTime, m.commitLat, m.fwdCommands, m.fwdRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(s.node.Collectors()...)
+	if dn, ok := s.node.(interface {
+		OnDataGroup(func(*replica.Group))
+	}); ok {
+		// A data group's series carry its raft_group label.
+		dn.OnDataGroup(func(g *replica.Group) {
+			for _, c := range g.Collectors() {
+				if err := m.reg.Register(c); err != nil {
+					s.logger.Warn("register a data group's metrics", "group", g.ID(), "err", err)
+				}
+			}
+		})
+	}
 	for _, op := range []string{"ack", "nack", "extend"} {
 		for _, st := range []string{group.StatusOK, group.StatusStale, group.StatusInvalid} {
 			m.receipts.WithLabelValues(op, st)

@@ -24,8 +24,8 @@ var routeStatuses = map[string][]int{
 	"POST /v1/internal/join":        {200, 409}, // state_format_unsupported
 	"POST /v1/internal/forward":     {200, 400}, // bad_request: a body it cannot read
 	"DELETE /v1/cluster/nodes/{id}": {200, 404, 409},
-	"GET /v1/cluster/backup":        {200, 507}, // insufficient_storage: no room for the copy
-	"POST /v1/cluster/clock/accept": {200, 400}, // bad_request: a body that is not an empty object
+	"GET /v1/cluster/backup":        {200, 409, 507}, // backup_data_groups; insufficient_storage: no room for the copy
+	"POST /v1/cluster/clock/accept": {200, 400},      // bad_request: a body that is not an empty object
 	"GET /v1/openapi.yaml":          {200},
 	"GET /debug/pprof/{profile}":    {200, 404}, // not_found: profiles are off (no --pprof)
 	"POST /debug/pprof/{profile}":   {200, 404},

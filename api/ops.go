@@ -218,6 +218,9 @@ func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
 // (raftfsm.Node.Backup). Mq-Applied-Index names the raft index the copy
 // is consistent at.
 func (s *Server) backup(ctx *fasthttp.RequestCtx, _ *route) error {
+	if gn, ok := s.grouped(); ok && len(gn.Directory().Groups) > 0 {
+		return raftfsm.ErrBackupDataGroups
+	}
 	b, err := s.node.Backup()
 	if err != nil {
 		return err

@@ -52,6 +52,9 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 	if err := s.authorizeOutputs(r, b.Publish); err != nil {
 		return err
 	}
+	if foreign := s.foreignOutputs(b.Publish); len(foreign) > 0 {
+		return s.processAcross(ctx, r, &b, foreign) // processacross.go
+	}
 	cmd, idx, err := s.processCommand(r, &b)
 	var inv invalidReceipts
 	if errors.As(err, &inv) {

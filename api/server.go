@@ -109,6 +109,7 @@ type core struct {
 	loud       loudLimiter             // spaces out 5xx warnings (requestlog.go)
 	series     map[string]*routeSeries // per route pattern (reqmetrics.go)
 	views      views                   // data groups' views (views.go)
+	top        *Server                 // the node's server (its views' too)
 }
 
 // New builds a server for node and the state machine it replicates.
@@ -120,6 +121,7 @@ func New(node *raftfsm.Node, logger *slog.Logger, opts Options) *Server {
 func newServer(node Node, state State, logger *slog.Logger, opts Options) *Server {
 	s := &Server{node: node, state: state, core: &core{logger: logger, opts: opts, waiters: newWaiters(), limits: newLimiters(opts.Rates),
 		connLimits: opts.Limits.withDefaults()}}
+	s.top = s
 	s.conns = newConnLimiter(s.connLimits, logger)
 	s.budget = newBodyBudget(s.connLimits.BodyBudget)
 	s.conns.tls = opts.TLS != nil

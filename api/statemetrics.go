@@ -1,6 +1,7 @@
 package api
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -188,16 +189,52 @@ func (s *stateRows) appendText(b []byte) []byte {
 	return b
 }
 
-// stateRows reads every topic's and group's figures in one read
-// transaction (counters the FSM keeps; no message is read), with the
-// node's per-group sums of applied events and per-topic publish counters.
-// Sums kept for groups or topics the state no longer holds are dropped.
+// stateRows reads every topic's and group's figures, one read transaction
+// per state (the default group's and each data group's this node holds:
+// counters the FSM keeps; no message is read), with the node's per-group
+// sums of applied events and per-topic publish counters. Sums kept for
+// groups or topics a state no longer holds are dropped.
 func (s *Server) stateRows() *stateRows {
-	if s.opts.NoGroupSeries {
-		return s.topicRows()
-	}
-	tallies := s.node.GroupTallies()
 	rows := s.metrics.scrapes.newRows()
+	ok := true
+	for _, v := range s.heldStates() {
+		var err error
+		if s.opts.NoGroupSeries {
+			err = v.topicRows(rows)
+		} else {
+			err = v.groupRows(rows)
+		}
+		ok = ok && err == nil
+	}
+	s.metrics.published.fill(rows.topics, ok)
+	s.metrics.scrapes.sized(rows)
+	return rows
+}
+
+// heldStates is the node's server and the views of the data groups it
+// holds (views.go).
+func (s *Server) heldStates() []*Server {
+	out := []*Server{s}
+	gn, ok := s.grouped()
+	if !ok {
+		return out
+	}
+	ids := make([]string, 0)
+	for id := range gn.Directory().Groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if v, held := s.view(id); held {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// groupRows adds this state's topics and groups to rows.
+func (s *Server) groupRows(rows *stateRows) error {
+	tallies := s.node.GroupTallies()
 	var upTo uint64
 	err := s.state.Read(func(r *fsm.Reader) error {
 		upTo = r.AppliedIndex()
@@ -211,17 +248,16 @@ func (s *Server) stateRows() *stateRows {
 		})
 		return nil
 	})
-	s.finishRows(rows, tallies, upTo, err)
-	return rows
+	s.dropTallies(tallies, upTo, err)
+	return err
 }
 
-// topicRows reads the per-topic figures alone (Options.NoGroupSeries).
-// The node's sums of groups whose topic the state no longer holds are
-// dropped; those of a group deleted from a live topic stay (a few words
-// each) until its topic goes.
-func (s *Server) topicRows() *stateRows {
+// topicRows adds this state's per-topic figures alone to rows
+// (Options.NoGroupSeries). The node's sums of groups whose topic the state
+// no longer holds are dropped; those of a group deleted from a live topic
+// stay (a few words each) until its topic goes.
+func (s *Server) topicRows(rows *stateRows) error {
 	tallies := s.node.GroupTallies()
-	rows := s.metrics.scrapes.newRows()
 	var upTo uint64
 	live := map[string]bool{}
 	err := s.state.Read(func(r *fsm.Reader) error {
@@ -237,16 +273,13 @@ func (s *Server) topicRows() *stateRows {
 			delete(tallies, k)
 		}
 	}
-	s.finishRows(rows, tallies, upTo, err)
-	return rows
+	s.dropTallies(tallies, upTo, err)
+	return err
 }
 
-// finishRows sets the rows' publish counters, records their number for
-// the next scrape and drops the sums of gone groups (what is left of
-// tallies), unless the read failed.
-func (s *Server) finishRows(rows *stateRows, tallies map[fsm.TopicGroup]raftfsm.TallyAt, upTo uint64, err error) {
-	s.metrics.published.fill(rows.topics, err == nil)
-	s.metrics.scrapes.sized(rows)
+// dropTallies drops the sums of gone groups (what is left of tallies),
+// unless the read failed.
+func (s *Server) dropTallies(tallies map[fsm.TopicGroup]raftfsm.TallyAt, upTo uint64, err error) {
 	if err == nil && len(tallies) > 0 {
 		gone := make([]fsm.TopicGroup, 0, len(tallies))
 		for k := range tallies {

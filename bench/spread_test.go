@@ -1,5 +1,8 @@
 // Work spread over a cluster: three topics, publishers spread evenly over
-// them and over the nodes they publish through, on 3 and 5 nodes.
+// them and over the nodes they publish through, on 3 and 5 nodes, with the
+// topics in the one default raft group (groups=single, as before data
+// groups) and in data groups (groups=data: --data-groups, one group per
+// topic here, each led by another node).
 //
 //	go test -run '^$' -bench Spread -benchtime 20000x ./bench/
 //
@@ -32,48 +35,66 @@ import (
 )
 
 func BenchmarkSpread(b *testing.B) {
-	for _, nodes := range []int{3, 5} {
-		b.Run(fmt.Sprintf("nodes=%d/topics=3", nodes), func(b *testing.B) {
-			s := startSystem(b, nodes)
-			all := s.c.Nodes()
-			topics := make([]string, 3)
-			for i := range topics {
-				topics[i] = s.topic(b, fmt.Sprintf("spread-%d", i), nil)
-			}
-			leaders := topicLeaders(b, s, topics)
-			body := payload(payloadSize)
-			const publishers = 48
-			urls := make([]string, publishers)
-			for w := range urls {
-				urls[w] = all[w%len(all)].URL() + "/v1/topics/" + topics[w%len(topics)] + "/messages"
-			}
-			op := func(w int, _ int64) (int, error) {
-				_, err := s.post(context.Background(), urls[w], body, nil, http.StatusCreated)
-				return 1, err
-			}
-			before := nodesCPU(b, all)
-			b.ResetTimer()
-			n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
-			b.StopTimer()
-			after := nodesCPU(b, all)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ms := []metric{{float64(n) / elapsed.Seconds(), "msgs/s"}}
-			per := make([]float64, len(all))
-			var total float64
-			for i := range all {
-				per[i] = float64(after[i]-before[i]) / float64(time.Microsecond) / float64(n)
-				total += per[i]
-				ms = append(ms, metric{per[i], fmt.Sprintf("node%d_us/msg", i+1)})
-			}
-			busiest := slices.Max(per)
-			ms = append(ms, metric{total, "cluster_us/msg"}, metric{busiest / total, "busiest_share"},
-				metric{float64(leaders), "leaders"},
-				metric{float64(runtime.NumCPU()) * float64(time.Second/time.Microsecond) / busiest, "model_msgs/s"})
-			report(b, append(ms, latencyMetrics("", lat)...))
-		})
+	for _, mode := range []string{"single", "data"} {
+		for _, nodes := range []int{3, 5} {
+			b.Run(fmt.Sprintf("groups=%s/nodes=%d/topics=3", mode, nodes), func(b *testing.B) {
+				spread(b, mode, nodes)
+			})
+		}
 	}
+}
+
+// spread is one BenchmarkSpread case: mode "single" keeps every topic in
+// the default group (one raft group, as before data groups), "data" starts
+// the nodes with --data-groups and waits until the topics' groups are led
+// by three nodes.
+func spread(b *testing.B, mode string, nodes int) {
+	var flags []string
+	if mode == "data" {
+		flags = append(flags, "--data-groups")
+	}
+	s := startSystem(b, nodes, flags...)
+	all := s.c.Nodes()
+	topics := make([]string, 3)
+	for i := range topics {
+		topics[i] = s.topic(b, fmt.Sprintf("spread-%d", i), nil)
+	}
+	leaders := topicLeaders(b, s, topics)
+	for wait := time.Now().Add(30 * time.Second); mode == "data" && leaders < len(topics) && time.Now().Before(wait); {
+		time.Sleep(100 * time.Millisecond) // each group moves to its preferred leader within a few seconds
+		leaders = topicLeaders(b, s, topics)
+	}
+	body := payload(payloadSize)
+	const publishers = 48
+	urls := make([]string, publishers)
+	for w := range urls {
+		urls[w] = all[w%len(all)].URL() + "/v1/topics/" + topics[w%len(topics)] + "/messages"
+	}
+	op := func(w int, _ int64) (int, error) {
+		_, err := s.post(context.Background(), urls[w], body, nil, http.StatusCreated)
+		return 1, err
+	}
+	before := nodesCPU(b, all)
+	b.ResetTimer()
+	n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
+	b.StopTimer()
+	after := nodesCPU(b, all)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms := []metric{{float64(n) / elapsed.Seconds(), "msgs/s"}}
+	per := make([]float64, len(all))
+	var total float64
+	for i := range all {
+		per[i] = float64(after[i]-before[i]) / float64(time.Microsecond) / float64(n)
+		total += per[i]
+		ms = append(ms, metric{per[i], fmt.Sprintf("node%d_us/msg", i+1)})
+	}
+	busiest := slices.Max(per)
+	ms = append(ms, metric{total, "cluster_us/msg"}, metric{busiest / total, "busiest_share"},
+		metric{float64(leaders), "leaders"},
+		metric{float64(runtime.NumCPU()) * float64(time.Second/time.Microsecond) / busiest, "model_msgs/s"})
+	report(b, append(ms, latencyMetrics("", lat)...))
 }
 
 // topicLeaders counts the distinct nodes leading topics.

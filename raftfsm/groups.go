@@ -31,6 +31,19 @@ type dataGroups struct {
 	wg     sync.WaitGroup    // the groups' Run
 	wake   chan struct{}     // the directory or the nodes changed
 	closed bool
+	opened []func(*replica.Group) // OnDataGroup's functions
+}
+
+// OnDataGroup calls fn with every data group this node holds and, from
+// then on, with each one it opens (the HTTP layer registers the group's
+// metrics). fn must not block.
+func (n *Node) OnDataGroup(fn func(g *replica.Group)) {
+	n.data.mu.Lock()
+	defer n.data.mu.Unlock()
+	n.data.opened = append(n.data.opened, fn)
+	for _, g := range n.data.open {
+		fn(g)
+	}
 }
 
 // Group is the data group id this node holds, or nil.
@@ -131,6 +144,9 @@ func (n *Node) openDataGroup(ctx context.Context, id string, members []string) e
 	}
 	n.data.open[id] = g
 	delete(n.data.failed, id)
+	for _, fn := range n.data.opened {
+		fn(g)
+	}
 	n.data.wg.Add(1)
 	go func() {
 		defer n.data.wg.Done()

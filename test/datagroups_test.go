@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +185,15 @@ func TestDataGroups(t *testing.T) {
 			t.Errorf("node %s holds %d topics, want 3", n.ID, n.TopicsHeld)
 		}
 	}
+	// A backup of the default group's state would miss the data groups'
+	// topics: refused, not silently partial.
+	r, err = victim.Do(ctx, http.MethodGet, "/v1/cluster/backup", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := r.CheckError(); r.Status != http.StatusConflict || code != "backup_data_groups" {
+		t.Fatalf("backup with data groups: %d %s, want 409 backup_data_groups", r.Status, r.Body)
+	}
 }
 
 // TestDataGroupsFiveNodes: on five nodes each topic has three replicas, the
@@ -228,4 +238,86 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 		}
 	}
 	waitSpread(t, nodes[4], topics)
+}
+
+// TestDataGroupsProcess: a process call whose outputs go to a topic of
+// another data group than its input's keeps exactly-once (SPEC section
+// 10): the outputs are published first under keys derived from the
+// input's position, then the input is acked. A call refused after the
+// outputs went out (its receipt had gone stale) leaves them stored; the
+// redelivery's call deduplicates onto them and acks, so the output topic
+// holds each output once.
+func TestDataGroupsProcess(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3, tc.WithFlags("--data-groups"))
+	n := c.Node(0)
+	mustTopic(t, n, "pin", nil)
+	mustTopic(t, n, "pout", nil)
+	ctx := ctxFor(t, 60*time.Second)
+	gin, _, _, err1 := topicPlacement(ctx, n, "pin")
+	gout, _, _, err2 := topicPlacement(ctx, n, "pout")
+	if err1 != nil || err2 != nil || gin == "" || gin == gout {
+		t.Fatalf("pin in %q, pout in %q (%v %v): want two data groups", gin, gout, err1, err2)
+	}
+	mustPublish(t, n, "pin", "order-1", nil)
+	process := func(via *tc.Node, receipt string) (*tc.Response, processAnswer) {
+		t.Helper()
+		body := map[string]any{"ack": []string{receipt}, "publish": []map[string]any{
+			{"topic": "pout", "value": "shipped-1"}, {"topic": "pin", "value": "audit-1", "idempotency_key": "audit-1"},
+		}}
+		r, err := via.Do(ctx, http.MethodPost, "/v1/topics/pin/groups/proc/process", body, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a processAnswer
+		if r.Status == http.StatusOK {
+			if err := r.JSON(&a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return r, a
+	}
+	fetch := func(leaseMs int) tc.Message {
+		t.Helper()
+		for {
+			msgs, _, err := c.Node(1).Fetch(ctx, "pin", "proc", tc.FetchRequest{Max: 1, WaitMs: 500, LeaseMs: leaseMs})
+			if err == nil && len(msgs) == 1 {
+				return msgs[0]
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("fetch pin/proc: %v %v", msgs, err)
+			}
+		}
+	}
+	first := fetch(500)
+	second := fetch(30000) // the first lease expired: redelivered
+	if first.Offset != second.Offset || first.Receipt == second.Receipt {
+		t.Fatalf("redelivery %+v of %+v", second, first)
+	}
+	// The stale receipt's call: the foreign output is stored, nothing acked.
+	if r, _ := process(c.Node(2), first.Receipt); r.Status != http.StatusConflict {
+		t.Fatalf("process with a stale receipt: %d %s, want 409", r.Status, r.Body)
+	}
+	r, a := process(c.Node(2), second.Receipt)
+	if r.Status != http.StatusOK || a.Acked != 1 || len(a.Results) != 2 || a.Results[0].Topic != "pout" || !a.Results[0].Duplicate {
+		t.Fatalf("process of the redelivery: %d %s, want acked 1 and the pout output a duplicate", r.Status, r.Body)
+	}
+	// A repeat of the call answers its kept outcome.
+	if r, a2 := process(c.Node(0), second.Receipt); r.Status != http.StatusOK || !a2.Duplicate || a2.Results[0] != a.Results[0] {
+		t.Fatalf("repeat: %d %s, want duplicate with the same results as %v", r.Status, r.Body, a.Results)
+	}
+	msgs, err := drain(ctx, c.Node(1), "pout", "check", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := values(t, msgs); len(got) != 1 || got[0] != "shipped-1" {
+		t.Fatalf("pout holds %v, want [shipped-1] once", got)
+	}
+	if !strings.HasPrefix(msgs[0].IdempotencyKey, "mqd-process-") {
+		t.Fatalf("the output's key %q, want one derived from the input (mqd-process-...)", msgs[0].IdempotencyKey)
+	}
+	// The input is acked: the group gets nothing more.
+	if msgs, err := drain(ctx, c.Node(1), "pin", "proc", time.Second); err != nil || len(msgs) != 1 || values(t, msgs)[0] != "audit-1" {
+		t.Fatalf("pin/proc after the process: %v %v, want only the audit output", values(t, msgs), err)
+	}
 }
