@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/fsm"
-	"github.com/mqd/mqd/replica"
 	"github.com/mqd/mqd/group"
+	"github.com/mqd/mqd/replica"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"

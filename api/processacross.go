@@ -217,4 +217,3 @@ type passedAnswer struct {
 func (e *passedAnswer) Error() string {
 	return fmt.Sprintf("process: publishing the outputs answered %d: %s", e.status, e.body)
 }
-
