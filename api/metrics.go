@@ -59,9 +59,19 @@ func newMetrics(s *Server) *metrics {
 	if dn, ok := s.node.(interface {
 		OnDataGroup(func(*replica.Group))
 	}); ok {
-		// A data group's series carry its raft_group label.
+		// A data group's series carry its raft_group label. A group this
+		// node left and holds again (a move back) replaces its series.
+		var mu sync.Mutex
+		had := map[string][]prometheus.Collector{}
 		dn.OnDataGroup(func(g *replica.Group) {
-			for _, c := range g.Collectors() {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range had[g.ID()] {
+				m.reg.Unregister(c)
+			}
+			cs := g.Collectors()
+			had[g.ID()] = cs
+			for _, c := range cs {
 				if err := m.reg.Register(c); err != nil {
 					s.logger.Warn("register a data group's metrics", "group", g.ID(), "err", err)
 				}

@@ -126,6 +126,8 @@ func (s *Server) routes() []Route {
 		rt("POST", "/v1/internal/join", true, PermCluster, s.join),
 		rt("POST", forwardPattern, false, PermCluster, s.forwarded),
 		rt("DELETE", "/v1/cluster/nodes/{id}", true, PermCluster, s.removeNode),
+		rt("POST", "/v1/cluster/nodes/{id}/drain", true, PermCluster, s.drainNode),
+		rt("POST", "/v1/cluster/rebalance", true, PermCluster, s.rebalance),
 		rt("GET", "/v1/cluster/backup", false, PermCluster, s.backup),
 		rt("POST", "/v1/cluster/clock/accept", false, PermCluster, s.acceptClock),
 		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),

@@ -32,6 +32,8 @@ type groupedNode interface {
 	GroupMembers(id string) []string
 	PlaceTopic(ctx context.Context, topic string) (string, error)
 	Directory() *fsm.Directory
+	Drain(ctx context.Context, id string) ([]raftfsm.Move, error)
+	Rebalance(ctx context.Context) ([]raftfsm.Move, error)
 }
 
 // views are the node's data groups' views, made on a group's first
@@ -291,4 +293,52 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.
 	}
 	writeJSON(ctx, 200, body)
 	return nil
+}
+
+// errNoDataGroups: a move asked of a node that has no data groups (an
+// in-process test's).
+var errNoDataGroups = fmt.Errorf("%w: this node has no data groups", ErrNotFound)
+
+// drainNode answers POST /v1/cluster/nodes/{id}/drain: every data group
+// replica on the node goes to another node (raftfsm/moves.go). The answer
+// lists the moves recorded; each group's leader then carries them out.
+func (s *Server) drainNode(ctx *fasthttp.RequestCtx, r *route) error {
+	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
+		return err
+	}
+	gn, ok := s.grouped()
+	if !ok {
+		return errNoDataGroups
+	}
+	moves, err := gn.Drain(r.ctx, r.dlqID) // the path's {id}
+	if err != nil {
+		return err
+	}
+	writeJSON(ctx, 200, map[string]any{"node": r.dlqID, "moves": nonNilMoves(moves)})
+	return nil
+}
+
+// rebalance answers POST /v1/cluster/rebalance: replicas and preferred
+// leaders evened out over the current nodes (raftfsm/moves.go).
+func (s *Server) rebalance(ctx *fasthttp.RequestCtx, r *route) error {
+	if err := optBody(ctx.PostBody(), &struct{}{}); err != nil {
+		return err
+	}
+	gn, ok := s.grouped()
+	if !ok {
+		return errNoDataGroups
+	}
+	moves, err := gn.Rebalance(r.ctx)
+	if err != nil {
+		return err
+	}
+	writeJSON(ctx, 200, map[string]any{"moves": nonNilMoves(moves)})
+	return nil
+}
+
+func nonNilMoves(m []raftfsm.Move) []raftfsm.Move {
+	if m == nil {
+		return []raftfsm.Move{}
+	}
+	return m
 }

@@ -28,7 +28,47 @@ type ClusterStatus struct {
 	CommitIndex       uint64          `json:"commit_index"`
 	LastSnapshotIndex uint64          `json:"last_snapshot_index"`
 	StateFormat       int             `json:"state_format"` // the replicated state's format, as the answering node applied it
+	Groups            []GroupInfo     `json:"groups,omitempty"`
 	Raw               json.RawMessage `json:"-"`
+}
+
+// GroupInfo is one data group (server flag --data-groups): its members,
+// the first the preferred leader; its leader, when the answering node
+// holds a replica; the topics placed in it.
+type GroupInfo struct {
+	ID      string   `json:"id"`
+	Members []string `json:"members"`
+	Leader  string   `json:"leader,omitempty"`
+	Topics  int      `json:"topics"`
+}
+
+// Move is one data group replica moved (From, To), or a change of the
+// group's preferred leader (Leader) alone.
+type Move struct {
+	Group  string `json:"group"`
+	From   string `json:"from,omitempty"`
+	To     string `json:"to,omitempty"`
+	Leader string `json:"leader"`
+}
+
+// Drain moves every data group replica off node id (before removing it);
+// the groups' leaders carry the moves out after the answer.
+func (c *Client) Drain(ctx context.Context, id string) ([]Move, error) {
+	var out struct {
+		Moves []Move `json:"moves"`
+	}
+	_, err := c.call(ctx, http.MethodPost, "/v1/cluster/nodes/"+esc(id)+"/drain", nil, &out, retrySafe, 0)
+	return out.Moves, err
+}
+
+// Rebalance evens out data group replicas and preferred leaders over the
+// current nodes.
+func (c *Client) Rebalance(ctx context.Context) ([]Move, error) {
+	var out struct {
+		Moves []Move `json:"moves"`
+	}
+	_, err := c.call(ctx, http.MethodPost, "/v1/cluster/rebalance", nil, &out, retrySafe, 0)
+	return out.Moves, err
 }
 
 // Cluster returns the leader and the nodes.

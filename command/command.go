@@ -39,6 +39,7 @@ const (
 	OpProcess     // from state format 3 (format.go)
 	OpCreateGroup // from state format 4: the metadata group records a data group
 	OpPlaceTopic  // from state format 4: the metadata group places a topic in a data group
+	OpSetMembers  // from state format 4: the metadata group sets a data group's members (a move)
 	opEnd         // one past the last op
 )
 
@@ -46,7 +47,7 @@ func (o Op) String() string {
 	names := [...]string{"invalid", "put_topic", "delete_topic", "publish", "lease", "ack", "extend",
 		"expire", "put_group", "delete_group", "trim", "set_node", "dedup_expire", "multi",
 		"nack", "replay", "replay_step", "delete_dead_letter", "set_format", "process",
-		"create_group", "place_topic"}
+		"create_group", "place_topic", "set_members"}
 	if int(o) < len(names) {
 		return names[o]
 	}
@@ -93,8 +94,8 @@ type Command struct {
 	Rate      uint64   // OpReplay: letters per second
 	Format    uint32   // OpSetFormat: the state format to switch to (format.go)
 	Outputs   []Output // OpProcess: the messages to publish, with Receipts to ack
-	// Members (OpCreateGroup): the node ids of data group Group's
-	// replicas, the first the one that should lead it.
+	// Members (OpCreateGroup, OpSetMembers): the node ids of data group
+	// Group's replicas, the first the one that should lead it.
 	Members []string
 }
 
@@ -281,7 +282,7 @@ func (c *Command) encode(e *mlog.Enc) {
 			e.U64(uint64(o.Partition))
 			o.Msg.Encode(e)
 		}
-	case OpCreateGroup:
+	case OpCreateGroup, OpSetMembers:
 		e.Str(c.Group)
 		e.U64(uint64(len(c.Members)))
 		for _, m := range c.Members {
@@ -427,7 +428,7 @@ func Decode(b []byte) (*Command, error) {
 			o.Partition = uint32(d.U64())
 			o.Msg = mlog.DecodeMessage(&d)
 		}
-	case OpCreateGroup:
+	case OpCreateGroup, OpSetMembers:
 		c.Group = d.Str()
 		n := d.Len(1)
 		c.Members = make([]string, n)

@@ -80,6 +80,7 @@ func sampleCommands() []*Command {
 		}},
 		{Op: OpCreateGroup, Now: 22, Group: "g1", Members: []string{"n2", "n3", "n1"}},
 		{Op: OpPlaceTopic, Now: 23, Topic: "orders", Group: "g1"},
+		{Op: OpSetMembers, Now: 24, Group: "g1", Members: []string{"n4", "n3", "n1"}},
 	}
 }
 

@@ -56,6 +56,8 @@ func dispatch(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result,
 		return &Result{}, applyCreateGroup(tx, c, ev)
 	case command.OpPlaceTopic:
 		return applyPlaceTopic(tx, c, ev)
+	case command.OpSetMembers:
+		return &Result{}, applySetMembers(tx, c, ev)
 	}
 	return &Result{}, nil
 }

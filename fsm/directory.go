@@ -18,7 +18,8 @@ import (
 // group, as every topic did before. Only the default group's state holds
 // a directory; a data group's stays without the bucket.
 //
-// Keys of bucket "directory": "g" + group id → the members' ids (the first
+// Keys of bucket "directory": "g" + group id → its generation (0 when
+// created, one more at each OpSetMembers) and the members' ids (the first
 // the one that should lead); "t" + topic → group id.
 
 // DirectoryFormat is the state format from which OpCreateGroup and
@@ -39,8 +40,15 @@ var (
 // Directory is the directory as of some applied index: a value the caller
 // must not change.
 type Directory struct {
-	// Groups: data group id → members, the preferred leader first.
+	// Groups: data group id → members, the preferred leader first: the
+	// replicas the group should have (its leader moves its raft
+	// configuration towards them: raftfsm/moves.go).
 	Groups map[string][]string
+	// Moved: the groups whose members were set since their creation
+	// (OpSetMembers). A member of a group that never moved bootstraps it
+	// with the members when it has no state; in one that moved, a new
+	// member waits for the leader to add it.
+	Moved map[string]bool
 	// Topics: topic → data group id, for the topics placed in one.
 	Topics map[string]string
 }
@@ -74,7 +82,7 @@ func (f *FSM) Directory() *Directory {
 	if c := f.dir.Load(); c != nil && c.gen == gen {
 		return c.dir
 	}
-	d := &Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	d := &Directory{Groups: map[string][]string{}, Moved: map[string]bool{}, Topics: map[string]string{}}
 	_ = f.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bktDirectory)
 		if b == nil {
@@ -86,8 +94,11 @@ func (f *FSM) Directory() *Directory {
 			}
 			switch k[0] {
 			case 'g':
-				if m, err := decodeMembers(v); err == nil {
+				if gen, m, err := decodeMembers(v); err == nil {
 					d.Groups[string(k[1:])] = m
+					if gen > 0 {
+						d.Moved[string(k[1:])] = true
+					}
 				}
 			case 't':
 				d.Topics[string(k[1:])] = string(v)
@@ -111,8 +122,9 @@ func (f *FSM) directoryChanged() {
 	}
 }
 
-func encodeMembers(ms []string) []byte {
+func encodeMembers(gen uint64, ms []string) []byte {
 	var e mlog.Enc
+	e.U64(gen)
 	e.U64(uint64(len(ms)))
 	for _, m := range ms {
 		e.Str(m)
@@ -120,13 +132,14 @@ func encodeMembers(ms []string) []byte {
 	return e.B
 }
 
-func decodeMembers(b []byte) ([]string, error) {
+func decodeMembers(b []byte) (uint64, []string, error) {
 	d := mlog.Dec{B: b}
+	gen := d.U64()
 	ms := make([]string, d.Len(1))
 	for i := range ms {
 		ms[i] = d.Str()
 	}
-	return ms, d.Err()
+	return gen, ms, d.Err()
 }
 
 // applyCreateGroup records data group c.Group with c.Members. Recording
@@ -144,13 +157,42 @@ func applyCreateGroup(tx *bolt.Tx, c *command.Command, ev *Events) error {
 	}
 	key := append([]byte{'g'}, c.Group...)
 	if v := b.Get(key); v != nil {
-		if had, err := decodeMembers(v); err == nil && slices.Equal(had, c.Members) {
+		if _, had, err := decodeMembers(v); err == nil && slices.Equal(had, c.Members) {
 			return nil
 		}
 		return fmt.Errorf("%w: group %s exists with other members", ErrGroupMembers, c.Group)
 	}
 	ev.DirectoryChanged = true
-	return b.Put(key, encodeMembers(c.Members))
+	return b.Put(key, encodeMembers(0, c.Members))
+}
+
+// applySetMembers sets the members of data group c.Group (a move, a
+// drain, a rebalance); the same members again change nothing.
+func applySetMembers(tx *bolt.Tx, c *command.Command, ev *Events) error {
+	if ev.format < DirectoryFormat {
+		return fmt.Errorf("%w (it is %d; data groups need %d)", ErrFormatTooOld, ev.format, DirectoryFormat)
+	}
+	if len(c.Members) == 0 {
+		return fmt.Errorf("%w: group %q", ErrGroupMembers, c.Group)
+	}
+	b := tx.Bucket(bktDirectory)
+	key := append([]byte{'g'}, c.Group...)
+	var v []byte
+	if b != nil {
+		v = b.Get(key)
+	}
+	if v == nil {
+		return fmt.Errorf("%w: %s", ErrGroupUnknown, c.Group)
+	}
+	gen, had, err := decodeMembers(v)
+	if err != nil {
+		return fmt.Errorf("directory: group %s: %w", c.Group, err)
+	}
+	if slices.Equal(had, c.Members) {
+		return nil
+	}
+	ev.DirectoryChanged = true
+	return b.Put(key, encodeMembers(gen+1, c.Members))
 }
 
 // applyPlaceTopic places c.Topic in data group c.Group, unless the topic
@@ -174,5 +216,5 @@ func applyPlaceTopic(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, erro
 
 // Clone returns a copy of d the caller may change.
 func (d *Directory) Clone() *Directory {
-	return &Directory{Groups: maps.Clone(d.Groups), Topics: maps.Clone(d.Topics)}
+	return &Directory{Groups: maps.Clone(d.Groups), Moved: maps.Clone(d.Moved), Topics: maps.Clone(d.Topics)}
 }

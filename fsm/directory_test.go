@@ -46,11 +46,24 @@ func TestDirectory(t *testing.T) {
 	if r := h.must(&command.Command{Op: command.OpPlaceTopic, Now: 1, Topic: "orders", Group: "g2"}); r.Group != "g1" || r.Created {
 		t.Fatalf("place again elsewhere: %+v, want g1, not created", r)
 	}
-	if calls != 3 {
-		t.Fatalf("OnDirectory called %d times, want 3 (g1, orders, g2)", calls)
+	// A move sets the members and marks the group moved.
+	if r := h.apply(&command.Command{Op: command.OpSetMembers, Now: 1, Group: "g9", Members: []string{"n1"}}); !errors.Is(r.Err, ErrGroupUnknown) {
+		t.Fatalf("set members of an unknown group: %v, want ErrGroupUnknown", r.Err)
+	}
+	if r := h.apply(&command.Command{Op: command.OpSetMembers, Now: 1, Group: "g2"}); !errors.Is(r.Err, ErrGroupMembers) {
+		t.Fatalf("set no members: %v, want ErrGroupMembers", r.Err)
+	}
+	h.must(&command.Command{Op: command.OpSetMembers, Now: 1, Group: "g2", Members: []string{"n1"}}) // the same: nothing changes
+	if h.f.Directory().Moved["g2"] {
+		t.Fatal("g2 moved by setting the members it had")
+	}
+	h.must(&command.Command{Op: command.OpSetMembers, Now: 1, Group: "g2", Members: []string{"n4"}})
+	if calls != 4 {
+		t.Fatalf("OnDirectory called %d times, want 4 (g1, orders, g2, g2's move)", calls)
 	}
 	d := h.f.Directory()
-	want := &Directory{Groups: map[string][]string{"g1": {"n2", "n3", "n1"}, "g2": {"n1"}}, Topics: map[string]string{"orders": "g1"}}
+	want := &Directory{Groups: map[string][]string{"g1": {"n2", "n3", "n1"}, "g2": {"n4"}}, Moved: map[string]bool{"g2": true},
+		Topics: map[string]string{"orders": "g1"}}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("directory %+v, want %+v", d, want)
 	}

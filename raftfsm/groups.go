@@ -102,10 +102,16 @@ func (n *Node) openDataGroups(ctx context.Context) {
 	slices.Sort(ids)
 	for _, id := range ids {
 		members := dir.Groups[id]
-		if !slices.Contains(members, n.cfg.ID) || n.Group(id) != nil {
+		if g := n.Group(id); g != nil {
+			if !slices.Contains(members, n.cfg.ID) {
+				n.leaveDataGroup(g) // moves.go
+			}
 			continue
 		}
-		if err := n.openDataGroup(ctx, id, members); err != nil {
+		if !slices.Contains(members, n.cfg.ID) {
+			continue
+		}
+		if err := n.openDataGroup(ctx, id, members, !dir.Moved[id]); err != nil {
 			n.data.mu.Lock()
 			first := n.data.failed[id] != err.Error()
 			n.data.failed[id] = err.Error()
@@ -117,7 +123,11 @@ func (n *Node) openDataGroups(ctx context.Context) {
 	}
 }
 
-func (n *Node) openDataGroup(ctx context.Context, id string, members []string) error {
+// openDataGroup opens data group id; one without state is bootstrapped
+// with members when bootstrap (the group never moved: every first member
+// bootstraps the same configuration), else it waits for the group's leader
+// to add it.
+func (n *Node) openDataGroup(ctx context.Context, id string, members []string, bootstrap bool) error {
 	nodes := n.FSM.Nodes()
 	servers := make([]raft.Server, 0, len(members))
 	for _, m := range members {
@@ -136,7 +146,7 @@ func (n *Node) openDataGroup(ctx context.Context, id string, members []string) e
 	if err != nil {
 		return err
 	}
-	if !g.HadState() {
+	if !g.HadState() && bootstrap {
 		if err := g.Bootstrap(servers); err != nil {
 			_ = g.Shutdown()
 			return fmt.Errorf("bootstrap: %w", err)
@@ -205,6 +215,9 @@ func (n *Node) dataLead(ctx context.Context, g *replica.Group) func(context.Cont
 	var tried time.Time
 	return func(ctx context.Context) {
 		raise(ctx)
+		if n.converge(ctx, g) { // moves.go: a move is under way
+			return
+		}
 		members := n.FSM.Directory().Groups[g.ID()]
 		if len(members) == 0 || members[0] == n.cfg.ID || time.Since(tried) < 5*time.Second {
 			return

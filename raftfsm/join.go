@@ -40,6 +40,9 @@ type Status struct {
 	// admits between two probes against the least margin (disk.go).
 	DiskFree uint64 `json:"disk_free,omitempty"`
 	DiskKeep uint64 `json:"disk_keep,omitempty"`
+	// Groups: the applied index of each data group this node holds (a
+	// group's leader promotes a new member once it caught up: moves.go).
+	Groups map[string]uint64 `json:"groups,omitempty"`
 }
 
 // Status reports this node's membership state.
@@ -50,6 +53,12 @@ func (n *Node) Status() Status {
 		AppliedIndex: n.FSM.AppliedIndex(), CommitIndex: n.CommitIndex(), LastContactMs: n.LastContactMs(),
 		NowMs: Wall().UnixMilli(), Stopping: n.HandingOff(), StateFormatMax: fsm.StateFormat, StateFormat: n.FSM.StateFormat(),
 		DiskLow: n.disk.lowNow(), DiskKeep: n.disk.need.Load()}
+	for id, g := range n.DataGroups() {
+		if st.Groups == nil {
+			st.Groups = map[string]uint64{}
+		}
+		st.Groups[id] = g.FSM().AppliedIndex()
+	}
 	if st.DiskKeep > 0 {
 		st.DiskFree = n.disk.free.Load()
 	}

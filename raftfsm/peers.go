@@ -37,6 +37,10 @@ type peerView struct {
 	failed   bool      // the latest probe failed
 	offsetMs int64     // this node's clock minus the member's, measured at lastOK
 	rttMs    int64
+	// mine: this node's applied index of each data group it holds, read
+	// as the probe was sent, so a member's answer is compared with what
+	// this node had then (moves.go, caughtUp), not with what it has since.
+	mine map[string]uint64
 }
 
 // answered reports whether the member's latest probe succeeded, within
@@ -149,6 +153,13 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 
 func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) {
 	sent := time.Now()
+	var mine map[string]uint64
+	for gid, g := range n.DataGroups() {
+		if mine == nil {
+			mine = map[string]uint64{}
+		}
+		mine[gid] = g.FSM().AppliedIndex()
+	}
 	st, err := n.getStatus(ctx, client, addr)
 	recv := time.Now()
 	if err == nil && st.ID != id {
@@ -172,7 +183,7 @@ func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) 
 	// the middle. The error is at most half the round trip.
 	shift, _ := wallShift()
 	mid := sent.Add(shift + recv.Sub(sent)/2)
-	*v = peerView{status: st, lastOK: recv, offsetMs: mid.UnixMilli() - st.NowMs, rttMs: recv.Sub(sent).Milliseconds()}
+	*v = peerView{status: st, lastOK: recv, offsetMs: mid.UnixMilli() - st.NowMs, rttMs: recv.Sub(sent).Milliseconds(), mine: mine}
 	n.clock.observe(id, v.offsetMs)
 }
 
@@ -264,6 +275,13 @@ func (n *Node) liveRaftAddr(ctx context.Context, id string) (string, bool) {
 // (members holds the members' ids).
 func (n *Node) probeClock(ctx context.Context, client *http.Client, addr string, members map[string]bool) {
 	sent := time.Now()
+	var mine map[string]uint64
+	for gid, g := range n.DataGroups() {
+		if mine == nil {
+			mine = map[string]uint64{}
+		}
+		mine[gid] = g.FSM().AppliedIndex()
+	}
 	st, err := n.getStatus(ctx, client, addr)
 	recv := time.Now()
 	if err != nil || !members[st.ID] || st.ID == n.cfg.ID {
@@ -326,5 +344,9 @@ func (n *Node) RemoveNode(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: remove %s: %w", replica.ErrNoQuorum, id, err)
 	}
 	n.logger.Info("removed node from the cluster", "id", id)
+	// Its replicas of data groups go to other nodes (moves.go).
+	if moves, err := n.replaceMember(ctx, id, true); err != nil || len(moves) > 0 {
+		n.logger.Info("replaced the removed node's replicas", "id", id, "moves", moves, "err", err)
+	}
 	return nil
 }

@@ -52,3 +52,34 @@ func TestChoosePlacement(t *testing.T) {
 		t.Fatalf("one voter: %s %v", id, members)
 	}
 }
+
+// A fourth node gets a share of the replicas, and of the preferred
+// leaders; a balanced cluster plans nothing.
+func TestPlanRebalance(t *testing.T) {
+	groups := map[string][]string{
+		"g1": {"n1", "n2", "n3"}, "g2": {"n2", "n3", "n1"}, "g3": {"n3", "n1", "n2"},
+	}
+	voters := []string{"n1", "n2", "n3", "n4"}
+	moves := planRebalance(groups, voters)
+	load := memberLoad(groups, voters)
+	for _, v := range voters {
+		if load[v] < 2 || load[v] > 3 {
+			t.Fatalf("after %v: loads %v, want 2 or 3 each", moves, load)
+		}
+	}
+	lead := map[string]int{}
+	for id, ms := range groups {
+		if len(ms) != 3 || len(slices.Compact(slices.Sorted(slices.Values(ms)))) != 3 {
+			t.Fatalf("group %s: members %v", id, ms)
+		}
+		lead[ms[0]]++
+	}
+	for _, v := range voters {
+		if lead[v] > 1 {
+			t.Fatalf("preferred leaders %v after %v", lead, moves)
+		}
+	}
+	if again := planRebalance(groups, voters); len(again) != 0 {
+		t.Fatalf("a balanced cluster planned %v", again)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -234,7 +236,7 @@ func TestCLI(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		mustContain(t, "status", ok(t, srv, "", "cluster", "status"), "leader n1", "ID", "n1", "leader  ",
-			"state format ", "READS FORMAT", "<= 3")
+			"state format ", "READS FORMAT", fmt.Sprint("<= ", fsm.StateFormat))
 		var st struct{ Leader struct{ ID string } }
 		if err := json.Unmarshal([]byte(ok(t, srv, "", "cluster", "status", "--json")), &st); err != nil || st.Leader.ID != "n1" {
 			t.Errorf("cluster status --json: %+v %v", st, err)

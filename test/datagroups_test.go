@@ -3,9 +3,13 @@ package test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,5 +323,142 @@ func TestDataGroupsProcess(t *testing.T) {
 	// The input is acked: the group gets nothing more.
 	if msgs, err := drain(ctx, c.Node(1), "pin", "proc", time.Second); err != nil || len(msgs) != 1 || values(t, msgs)[0] != "audit-1" {
 		t.Fatalf("pin/proc after the process: %v %v, want only the audit output", values(t, msgs), err)
+	}
+}
+
+// clusterGroups is GET /v1/cluster's groups through n.
+func clusterGroups(ctx context.Context, n *tc.Node) (map[string][]string, error) {
+	r, err := n.Do(ctx, http.MethodGet, "/v1/cluster", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	var ci struct {
+		Groups []struct {
+			ID      string   `json:"id"`
+			Members []string `json:"members"`
+		} `json:"groups"`
+	}
+	if err == nil {
+		err = r.JSON(&ci)
+	}
+	out := map[string][]string{}
+	for _, g := range ci.Groups {
+		out[g.ID] = g.Members
+	}
+	return out, err
+}
+
+// waitNoReplicas waits (bounded) until node n holds no data group's files:
+// its moves are done and its replicas deleted.
+func waitNoReplicas(ctx context.Context, t *testing.T, n *tc.Node) {
+	t.Helper()
+	for {
+		ents, err := os.ReadDir(filepath.Join(n.DataDir(), "groups"))
+		if err == nil && len(ents) == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s still holds data group replicas %v (%v)", n, ents, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestDataGroupsMoves: a new node gets a share of the replicas by
+// POST /v1/cluster/rebalance; POST /v1/cluster/nodes/{id}/drain moves every
+// replica off a node by raft membership changes while publishers run; the
+// drained node is then removed; every acknowledged publish is consumed
+// once, through the nodes that hold the topics now (SPEC section 12).
+func TestDataGroupsMoves(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3, tc.WithFlags("--data-groups"))
+	ctx := ctxFor(t, 150*time.Second)
+	topics := []string{"mv-a", "mv-b", "mv-c"}
+	for _, tp := range topics {
+		mustTopic(t, c.Node(0), tp, nil)
+	}
+	n4 := c.AddNode("n4")
+	if err := n4.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := n4.Do(ctx, http.MethodPost, "/v1/cluster/rebalance", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err != nil {
+		t.Fatalf("rebalance: %v", err)
+	}
+	groups, err := clusterGroups(ctx, n4)
+	held := 0
+	for _, ms := range groups {
+		if slices.Contains(ms, "n4") {
+			held++
+		}
+	}
+	if err != nil || held < 2 {
+		t.Fatalf("after the rebalance n4 is in %d groups (%v %v), want its share (2 of 3)", held, groups, err)
+	}
+
+	// Publishers through n2..n4 while n1 is drained.
+	var mu sync.Mutex
+	acked := map[string][]string{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	pubs := []*tc.Node{c.Node(1), c.Node(2), n4}
+	for i, tp := range topics {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := fmt.Sprintf("%s-%d", tp, k)
+				if _, err := publishRetry(ctx, []*tc.Node{pubs[i]}, tp, v); err != nil {
+					t.Errorf("publish %s: %v", v, err)
+					return
+				}
+				mu.Lock()
+				acked[tp] = append(acked[tp], v)
+				mu.Unlock()
+			}
+		}()
+	}
+	r, err = c.Node(2).Do(ctx, http.MethodPost, "/v1/cluster/nodes/n1/drain", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err != nil {
+		t.Fatalf("drain n1: %v", err)
+	}
+	waitNoReplicas(ctx, t, c.Node(0))
+	close(stop)
+	wg.Wait()
+	if groups, err := clusterGroups(ctx, n4); err != nil || slices.ContainsFunc(slices.Collect(maps.Values(groups)), func(ms []string) bool { return slices.Contains(ms, "n1") }) {
+		t.Fatalf("after the drain: groups %v %v, want none on n1", groups, err)
+	}
+	r, err = n4.Do(ctx, http.MethodDelete, "/v1/cluster/nodes/n1", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err != nil {
+		t.Fatalf("remove n1: %v", err)
+	}
+	c.Node(0).Kill()
+	for _, tp := range topics {
+		msgs, err := drain(ctx, n4, tp, "check", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := values(t, distinctByPosition(msgs))
+		slices.Sort(got)
+		want := slices.Clone(acked[tp])
+		slices.Sort(want)
+		if len(want) == 0 || !slices.Equal(got, want) {
+			t.Fatalf("topic %s: consumed %d, acknowledged %d: every acknowledged publish once is wanted", tp, len(got), len(want))
+		}
+		t.Logf("topic %s: %d publishes acknowledged during the drain, each consumed once", tp, len(want))
 	}
 }

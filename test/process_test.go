@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqd/mqd/client"
+	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
@@ -78,10 +79,12 @@ func messagesIn(ctx context.Context, t *testing.T, n *tc.Node, topic string) int
 	return st.NextOffsets()
 }
 
+// waitFormat3 waits until every node applies a state format that has
+// process (format 3 or later).
 func waitFormat3(ctx context.Context, t *testing.T, c *tc.Cluster) {
 	t.Helper()
 	for _, n := range c.Nodes() {
-		if _, err := waitView(ctx, n, "state format 3", func(ci tc.ClusterInfo) bool { return ci.StateFormat == 3 }); err != nil {
+		if _, err := waitView(ctx, n, "state format with process", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= fsm.ProcessFormat }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/mqd/mqd/client"
 )
@@ -43,6 +44,58 @@ func init() {
 				return nil
 			}
 		}})
+	moves := func(name, args, summary string, do func(context.Context, *cli, []string) ([]client.Move, error)) {
+		register(&command{name: name, args: args, summary: summary,
+			setup: func(fs *flag.FlagSet) func(context.Context, *cli, []string) error {
+				return func(ctx context.Context, c *cli, a []string) error {
+					want, usage := 0, "no arguments"
+					if args != "" {
+						want, usage = 1, args
+					}
+					if err := needArgs(a, want, usage); err != nil {
+						return err
+					}
+					ms, err := do(ctx, c, a)
+					if err != nil {
+						return err
+					}
+					if c.json {
+						c.printJSON(marshalLine(map[string]any{"moves": ms}))
+						return nil
+					}
+					return printMoves(c, ms)
+				}
+			}})
+	}
+	moves("cluster drain", "ID", "move every data group replica off a node (before removing it)",
+		func(ctx context.Context, c *cli, a []string) ([]client.Move, error) { return c.client.Drain(ctx, a[0]) })
+	moves("cluster rebalance", "", "even out data group replicas and leaders over the nodes",
+		func(ctx context.Context, c *cli, _ []string) ([]client.Move, error) { return c.client.Rebalance(ctx) })
+}
+
+// printMoves lists the moves a drain or a rebalance recorded.
+func printMoves(c *cli, ms []client.Move) error {
+	if len(ms) == 0 {
+		fmt.Fprintln(c.stdout, "nothing to move")
+		return nil
+	}
+	w := c.table()
+	fmt.Fprintln(w, "GROUP\tFROM\tTO\tPREFERRED LEADER")
+	for _, m := range ms {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.Group, dash(m.From), dash(m.To), m.Leader)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, "\nrecorded; each group's leader moves its replicas now (mqd cluster status shows the groups)")
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func printCluster(c *cli, st *client.ClusterStatus) error {
@@ -68,6 +121,18 @@ func printCluster(c *cli, st *client.ClusterStatus) error {
 			reads = fmt.Sprintf("<= %d", n.StateFormatMax)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\t%s\t%s\n", n.ID, n.State, n.HTTPAddr, n.RaftAddr, n.Voter, contact, reads)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(st.Groups) == 0 {
+		return nil
+	}
+	fmt.Fprintln(c.stdout)
+	w = c.table()
+	fmt.Fprintln(w, "DATA GROUP\tMEMBERS\tLEADER\tTOPICS")
+	for _, g := range st.Groups {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", g.ID, strings.Join(g.Members, ","), dash(g.Leader), g.Topics)
 	}
 	return w.Flush()
 }
