@@ -56,23 +56,8 @@ func (s *Server) process(ctx *fasthttp.RequestCtx, r *route) error {
 		return s.processAcross(ctx, r, &b, foreign) // processacross.go
 	}
 	cmd, idx, err := s.processCommand(r, &b)
-	var inv invalidReceipts
-	if errors.As(err, &inv) {
-		rr := make([]receiptResult, len(b.Ack))
-		for i, rs := range b.Ack {
-			rr[i] = receiptResult{Receipt: rs, Status: group.StatusOK}
-			if inv[rs] {
-				rr[i].Status = group.StatusInvalid
-			}
-		}
-		writeStale(ctx, err, rr)
-		return nil
-	}
-	if err != nil {
+	if written, err := s.refuseProcess(ctx, b.Ack, err); written || err != nil {
 		return err
-	}
-	if s.state.StateFormat() < fsm.ProcessFormat {
-		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.state.StateFormat())
 	}
 	res, err := s.node.ApplyBatched(r.ctx, cmd)
 	if errors.Is(err, group.ErrGroupNotFound) || errors.Is(err, fsm.ErrStaleReceipt) {
@@ -248,4 +233,30 @@ func (s *Server) countProcess(pr *fsm.ProcessResult) {
 	for _, t := range order {
 		s.metrics.countPublished(t, byTopic[t])
 	}
+}
+
+// refuseProcess answers a process call whose command could not be built
+// (err from processCommand): 409 stale_receipt naming the invalid
+// receipts, err itself, or 503 while the state format has no process. It
+// reports whether it wrote the answer.
+func (s *Server) refuseProcess(ctx *fasthttp.RequestCtx, acks []string, err error) (bool, error) {
+	var inv invalidReceipts
+	if errors.As(err, &inv) {
+		rr := make([]receiptResult, len(acks))
+		for i, rs := range acks {
+			rr[i] = receiptResult{Receipt: rs, Status: group.StatusOK}
+			if inv[rs] {
+				rr[i].Status = group.StatusInvalid
+			}
+		}
+		writeStale(ctx, err, rr)
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if s.state.StateFormat() < fsm.ProcessFormat {
+		return false, fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.state.StateFormat())
+	}
+	return false, nil
 }

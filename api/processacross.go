@@ -81,23 +81,8 @@ func (s *Server) processAcross(ctx *fasthttp.RequestCtx, r *route, b *processBod
 		}
 	}
 	cmd, idx, err := s.processCommand(r, &local)
-	var inv invalidReceipts
-	if errors.As(err, &inv) {
-		rr := make([]receiptResult, len(b.Ack))
-		for i, rs := range b.Ack {
-			rr[i] = receiptResult{Receipt: rs, Status: group.StatusOK}
-			if inv[rs] {
-				rr[i].Status = group.StatusInvalid
-			}
-		}
-		writeStale(ctx, err, rr)
-		return nil
-	}
-	if err != nil {
+	if written, err := s.refuseProcess(ctx, b.Ack, err); written || err != nil {
 		return err
-	}
-	if s.state.StateFormat() < fsm.ProcessFormat {
-		return fmt.Errorf("%w (it is %d)", fsm.ErrFormatTooOld, s.state.StateFormat())
 	}
 	// The foreign outputs, each topic's as one batch, in request order.
 	results := make([]publishAnswer, len(b.Publish))
