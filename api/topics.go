@@ -27,6 +27,21 @@ type topicBody struct {
 	MaxBytes        *int64  `json:"max_bytes"`
 	Overflow        *string `json:"overflow"`
 	MaxMessageBytes *int64  `json:"max_message_bytes"`
+	// Replicas: how many nodes hold the topic, with data groups (1, 3 or
+	// 5; fixed at creation: a topic never moves between groups).
+	Replicas *int64 `json:"replicas"`
+}
+
+// checkReplicas refuses a replicas field other than 1, 3 or 5.
+func (b *topicBody) checkReplicas() error {
+	if b.Replicas == nil {
+		return nil
+	}
+	switch *b.Replicas {
+	case 1, 3, 5:
+		return nil
+	}
+	return fmt.Errorf("%w: replicas must be 1, 3 or 5, got %d", mlog.ErrInvalidConfig, *b.Replicas)
 }
 
 func (b *topicBody) patch() (mlog.Patch, error) {
@@ -58,11 +73,14 @@ func (s *Server) putTopic(ctx *fasthttp.RequestCtx, r *route) error {
 		return err
 	}
 	p, err := b.patch()
+	if err == nil {
+		err = b.checkReplicas()
+	}
 	if err != nil {
 		return err
 	}
 	if _, err := s.topicConfig(r.topic); errors.Is(err, mlog.ErrTopicNotFound) {
-		if handled, err := s.placeNewTopic(ctx, r); handled {
+		if handled, err := s.placeNewTopic(ctx, r, b.Replicas); handled {
 			return err
 		}
 		// Creating adds data; changing a topic (retention, limits) may be

@@ -30,7 +30,7 @@ type groupedNode interface {
 	TopicGroup(topic string) string
 	HeldGroup(id string) (*raftfsm.GroupView, bool)
 	GroupMembers(id string) []string
-	PlaceTopic(ctx context.Context, topic string) (string, error)
+	PlaceTopic(ctx context.Context, topic string, replicas int) (string, error)
 	Directory() *fsm.Directory
 	Drain(ctx context.Context, id string) ([]raftfsm.Move, error)
 	Rebalance(ctx context.Context) ([]raftfsm.Move, error)
@@ -183,12 +183,16 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 // served by its group, once this node holds it, or by a member. handled
 // false: the topic stays in the default group (data groups are off, or
 // this is a data group's view).
-func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route) (handled bool, err error) {
+func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route, replicas *int64) (handled bool, err error) {
 	gn, ok := s.grouped()
 	if !ok || !s.opts.DataGroups {
 		return false, nil
 	}
-	id, err := gn.PlaceTopic(r.ctx, r.topic)
+	want := raftfsm.DefaultReplicas
+	if replicas != nil {
+		want = int(*replicas)
+	}
+	id, err := gn.PlaceTopic(r.ctx, r.topic, want)
 	if err != nil {
 		return true, err
 	}

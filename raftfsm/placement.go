@@ -34,7 +34,10 @@ const formatWait = 3 * time.Second
 // A topic placed already keeps its group. Topics the default group holds
 // (every topic of a cluster made before data groups) are not placed: the
 // caller checks that first.
-func (n *Node) PlaceTopic(ctx context.Context, topic string) (string, error) {
+//
+// replicas is the topic's replica count (1, 3 or 5; every voter when the
+// cluster has fewer).
+func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (string, error) {
 	if !n.IsLeader() {
 		return "", replica.ErrNotLeader
 	}
@@ -60,7 +63,7 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string) (string, error) {
 			voters = append(voters, string(s.ID))
 		}
 	}
-	id, members, create := choosePlacement(voters, DefaultReplicas, dir)
+	id, members, create := choosePlacement(voters, replicas, dir)
 	if create {
 		c := &command.Command{Op: command.OpCreateGroup, Now: Now().UnixMilli(), Group: id, Members: members}
 		if _, err := n.Apply(ctx, c); err != nil {

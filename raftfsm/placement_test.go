@@ -46,6 +46,16 @@ func TestChoosePlacement(t *testing.T) {
 	if len(dir.Groups) != 5 || !slices.Equal(dir.Groups["g5"], []string{"e", "a", "b"}) {
 		t.Fatalf("five voters: %v", dir.Groups)
 	}
+	// Replica counts side by side: a topic of 1 or 5 replicas goes to a
+	// group of that size, never to one of another.
+	one, oneMembers, create := choosePlacement([]string{"a", "b", "c", "d", "e"}, 1, dir)
+	if !create || len(oneMembers) != 1 {
+		t.Fatalf("replicas 1 beside groups of 3: %s %v create=%v, want a new group of one", one, oneMembers, create)
+	}
+	dir.Groups[one] = oneMembers
+	if _, all, create := choosePlacement([]string{"a", "b", "c", "d", "e"}, 5, dir); !create || len(all) != 5 {
+		t.Fatalf("replicas 5: %v create=%v, want a new group of five", all, create)
+	}
 	// One voter: one group of one.
 	id, members, _ := choosePlacement([]string{"solo"}, DefaultReplicas, &fsm.Directory{})
 	if id != "g1" || !slices.Equal(members, []string{"solo"}) {

@@ -242,6 +242,38 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 		}
 	}
 	waitSpread(t, nodes[4], topics)
+
+	// The topic config replicas (SPEC section 12): 1 and 5 replicas, read
+	// at creation; anything but 1, 3 or 5 is a 400 that creates nothing.
+	for _, want := range []int{1, 5} {
+		tp := fmt.Sprintf("dg5-r%d", want)
+		mustTopic(t, nodes[1], tp, map[string]any{"replicas": want})
+		_, _, reps, err := topicPlacement(ctx, nodes[0], tp)
+		if err != nil || len(reps) != want {
+			t.Fatalf("topic %s: replicas %v %v, want %d", tp, reps, err, want)
+		}
+		v := tp + "-msg"
+		if _, err := publishRetry(ctx, []*tc.Node{nodes[3]}, tp, v); err != nil {
+			t.Fatalf("publish to %s: %v", tp, err)
+		}
+		msgs, err := drain(ctx, nodes[2], tp, "g", time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := values(t, msgs); len(got) != 1 || got[0] != v {
+			t.Fatalf("fetch %s: %v, want [%s]", tp, got, v)
+		}
+	}
+	r, err := nodes[2].Do(ctx, http.MethodPut, "/v1/topics/dg5-r2", map[string]any{"replicas": 2}, nil)
+	if err == nil {
+		err = r.Expect(http.StatusBadRequest)
+	}
+	if err != nil {
+		t.Fatalf("replicas 2: %v, want 400", err)
+	}
+	if r, err := nodes[2].Do(ctx, http.MethodGet, "/v1/topics/dg5-r2", nil, nil); err != nil || r.Expect(http.StatusNotFound) != nil {
+		t.Fatalf("a refused replicas created the topic: %v %v", r, err)
+	}
 }
 
 // TestDataGroupsProcess: a process call whose outputs go to a topic of
