@@ -56,7 +56,7 @@ func authMatrix() []authCase {
 		{"GET", "/v1/cluster/backup", nil, "ops", "node", 200},
 		{"POST", "/v1/cluster/clock/accept", nil, "ops", "node", 200},
 		{"POST", "/v1/cluster/nodes/nope/drain", nil, "ops", "node", 404}, // node_not_found
-		{"POST", "/v1/cluster/rebalance", nil, "ops", "node", 200}, // nothing to move: {"moves":[]}
+		{"POST", "/v1/cluster/rebalance", nil, "ops", "node", 200},        // nothing to move: {"moves":[]}
 		{"POST", "/debug/pprof/cmdline", nil, "admin", "monitor", 200},
 		{"GET", "/v1/openapi.yaml", nil, "", "", 200},
 		{"GET", "/ui", nil, "", "", 200},
