@@ -117,14 +117,7 @@ func TestDataGroups(t *testing.T) {
 	publishAll("after-kill", live)
 
 	for _, tp := range topics {
-		msgs, err := drain(ctx, live[0], tp, "workers", 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := values(t, distinctByPosition(msgs))
-		slices.Sort(got)
-		want := slices.Clone(acked[tp])
-		slices.Sort(want)
+		got, want := consumedAndAcked(ctx, t, live[0], tp, "workers", acked[tp])
 		if !slices.Equal(got, want) {
 			t.Fatalf("topic %s consumed %v, want every acknowledged publish once: %v", tp, got, want)
 		}
@@ -480,17 +473,26 @@ func TestDataGroupsMoves(t *testing.T) {
 	}
 	c.Node(0).Kill()
 	for _, tp := range topics {
-		msgs, err := drain(ctx, n4, tp, "check", 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := values(t, distinctByPosition(msgs))
-		slices.Sort(got)
-		want := slices.Clone(acked[tp])
-		slices.Sort(want)
+		got, want := consumedAndAcked(ctx, t, n4, tp, "check", acked[tp])
 		if len(want) == 0 || !slices.Equal(got, want) {
 			t.Fatalf("topic %s: consumed %d, acknowledged %d: every acknowledged publish once is wanted", tp, len(got), len(want))
 		}
 		t.Logf("topic %s: %d publishes acknowledged during the drain, each consumed once", tp, len(want))
 	}
+}
+
+// consumedAndAcked drains topic tp through n as consumer group grp and
+// answers the values consumed (one per stored position) and the acked
+// ones, both sorted.
+func consumedAndAcked(ctx context.Context, t *testing.T, n *tc.Node, tp, grp string, acked []string) (got, want []string) {
+	t.Helper()
+	msgs, err := drain(ctx, n, tp, grp, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = values(t, distinctByPosition(msgs))
+	slices.Sort(got)
+	want = slices.Clone(acked)
+	slices.Sort(want)
+	return got, want
 }
