@@ -22,8 +22,8 @@ const backupFetchTimeout = 5 * time.Minute
 // backupGroups answers GET /v1/cluster/backup while data groups exist: an
 // archive (raftfsm/archive.go) of the metadata group's state, copied here
 // first, and of every data group the directory records after that copy,
-// each from this node's replica when it holds one, else fetched from a
-// member (the members in the directory's order, with the node's
+// each from this node's replica when it holds one that votes, else
+// fetched from a member (the members in the directory's order, with the node's
 // credentials). Each copy is consistent at its own applied index; there
 // is no cross-group point in time. Every copy is taken (and the remote
 // ones spooled to temporary files) before the answer starts, so a group
@@ -151,7 +151,7 @@ func (s *Server) groupBackup(ctx *fasthttp.RequestCtx, r *route) error {
 	}
 	b, held, err := gn.GroupBackup(id)
 	if !held {
-		return fmt.Errorf("%w: this node holds no replica of data group %s", ErrNotFound, id)
+		return fmt.Errorf("%w: this node holds no voting replica of data group %s", ErrNotFound, id)
 	}
 	if err != nil {
 		return err

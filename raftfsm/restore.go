@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -144,10 +145,21 @@ func (n *Node) Backup() (*fsm.Backup, error) {
 }
 
 // GroupBackup is Backup of data group id's state as this node's replica
-// holds it; held false when this node holds none.
+// holds it; held false when this node holds none, or one that is not a
+// voter of the group (a new replica of a move may still be installing its
+// first snapshot: its state would miss what the group holds).
 func (n *Node) GroupBackup(id string) (b *fsm.Backup, held bool, err error) {
 	g := n.Group(id)
 	if g == nil {
+		return nil, false, nil
+	}
+	servers, err := g.Servers()
+	if err != nil {
+		return nil, false, nil
+	}
+	if !slices.ContainsFunc(servers, func(s raft.Server) bool {
+		return string(s.ID) == n.cfg.ID && s.Suffrage == raft.Voter
+	}) {
 		return nil, false, nil
 	}
 	b, err = g.FSM().Backup(n.cfg.DataDir, n.backupRoom)
