@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -122,7 +123,7 @@ func (s *Server) fetchGroupCopy(gn groupedNode, addr string, part *raftfsm.Archi
 	defer resp.CloseBodyStream() //nolint:errcheck // the answer is read or dropped
 	if resp.StatusCode() != 200 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.BodyStream(), 1024))
-		return fmt.Errorf("status %d: %s", resp.StatusCode(), msg)
+		return fmt.Errorf("status %d: %s", resp.StatusCode(), bytes.TrimSpace(msg))
 	}
 	size := int64(resp.Header.ContentLength())
 	index, err := strconv.ParseUint(string(resp.Header.Peek("Mq-Applied-Index")), 10, 64)

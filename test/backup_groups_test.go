@@ -15,8 +15,8 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// TestBackupDataGroups: a backup of a 3-node --data-groups cluster, taken
-// through one node, holds every topic: the three groups of three it holds
+// TestBackupDataGroups: a backup of a 3-node --data-groups cluster with
+// auth on, taken through one node, holds every topic: the three groups of three it holds
 // a replica of and a single-replica group on another node, whose copy it
 // fetches from that member. `mqd restore` makes a data dir whose node holds
 // the metadata group and every data group, itself their one member; on it
@@ -26,7 +26,13 @@ import (
 // this change the backup answered 409 backup_data_groups.
 func TestBackupDataGroups(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3, tc.WithFlags("--data-groups"))
+	// With auth on: the backup node fetches the copy it does not hold with
+	// its own credentials (--node-token), not the caller's.
+	fx := authTokens(t, map[string][]string{
+		"node": {"cluster"},
+		"ops":  {"monitor", "admin:*", "consume:*", "publish:*", "cluster"},
+	})
+	c := startAuthCluster(t, 3, fx, tc.WithFlags("--data-groups"))
 	nodes := c.Nodes()
 	topics := []string{"bk-a", "bk-b", "bk-c"}
 	for i, tp := range topics {
