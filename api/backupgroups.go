@@ -71,7 +71,7 @@ func (s *Server) backupGroups(ctx *fasthttp.RequestCtx, gn groupedNode) error {
 // groupCopy is data group id's copy for an archive: this node's replica's,
 // or a member's.
 func (s *Server) groupCopy(gn groupedNode, id string, members []string) (raftfsm.ArchivePart, error) {
-	part := raftfsm.ArchivePart{ArchiveGroup: raftfsm.ArchiveGroup{ID: id, File: id + ".db"}}
+	part := raftfsm.ArchivePart{ArchiveGroup: raftfsm.ArchiveGroup{ID: id, File: id + ".db", Members: members}}
 	b, held, err := gn.GroupBackup(id)
 	if held {
 		if err != nil {

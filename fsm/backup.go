@@ -143,15 +143,23 @@ func StateTopics(path string) ([]string, error) {
 	return out, nil
 }
 
+// RestoredGroup is a data group as RestoreDirectory records it: the
+// topics its own state holds, and how many members it had.
+type RestoredGroup struct {
+	Topics []string
+	Want   int
+}
+
 // RestoreDirectory rewrites the directory of the metadata state at path
 // (after PrepareState) for a restored one-node cluster: each data group of
-// groups (id → the topics its own state holds) gets the one member id, as
-// a group that never moved; a group the directory records but groups lacks
-// is dropped with its placements; and every topic of groups is placed in
-// its group, so that a topic created in a data group after the metadata's
-// copy was taken is found all the same. The file must be a metadata
-// state: one with a directory.
-func RestoreDirectory(path, id string, groups map[string][]string) error {
+// groups gets the one member id, as a group that never moved, and, when it
+// had more, the count to grow back to (Directory.Want, which a rebalance
+// fills once nodes have joined); a group the directory records but groups
+// lacks is dropped with its placements; and every topic of groups is
+// placed in its group, so that a topic created in a data group after the
+// metadata's copy was taken is found all the same. The file must be a
+// metadata state: one with a directory.
+func RestoreDirectory(path, id string, groups map[string]RestoredGroup) error {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
 	if err != nil {
 		return fmt.Errorf("restore: %w: %w", ErrNotBackup, err)
@@ -174,8 +182,8 @@ func RestoreDirectory(path, id string, groups map[string][]string) error {
 		if err != nil {
 			return err
 		}
-		for g, topics := range groups {
-			for _, t := range topics {
+		for g, rg := range groups {
+			for _, t := range rg.Topics {
 				keep[t] = g
 			}
 		}
@@ -186,9 +194,14 @@ func RestoreDirectory(path, id string, groups map[string][]string) error {
 		if err != nil {
 			return err
 		}
-		for g := range groups {
+		for g, rg := range groups {
 			if err := b.Put(append([]byte{'g'}, g...), encodeMembers(0, []string{id})); err != nil {
 				return err
+			}
+			if rg.Want > 1 {
+				if err := b.Put(append([]byte{'w'}, g...), binary.BigEndian.AppendUint64(nil, uint64(rg.Want))); err != nil {
+					return err
+				}
 			}
 		}
 		for t, g := range keep {

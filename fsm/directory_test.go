@@ -63,7 +63,7 @@ func TestDirectory(t *testing.T) {
 	}
 	d := h.f.Directory()
 	want := &Directory{Groups: map[string][]string{"g1": {"n2", "n3", "n1"}, "g2": {"n4"}}, Moved: map[string]bool{"g2": true},
-		Topics: map[string]string{"orders": "g1"}}
+		Topics: map[string]string{"orders": "g1"}, Want: map[string]int{}}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("directory %+v, want %+v", d, want)
 	}

@@ -42,6 +42,9 @@ type ArchiveGroup struct {
 	AppliedIndex uint64 `json:"applied_index"`
 	Size         int64  `json:"size"`
 	From         string `json:"from"` // the node whose replica was copied
+	// Members: a data group's members as the directory recorded them
+	// (a restore grows the group back to as many).
+	Members []string `json:"members,omitempty"`
 }
 
 // ArchivePart is a group's copy on its way into an archive.
@@ -132,7 +135,7 @@ func restoreArchive(dataDir string, r io.Reader, id, raftAddr string) (*Restored
 		}
 	}()
 	out := &Restored{Groups: map[string]uint64{}}
-	topics := map[string][]string{}
+	groups := map[string]fsm.RestoredGroup{}
 	for _, g := range m.Groups {
 		index, err := fsm.PrepareState(files[g.File], restoredTerm)
 		if err != nil {
@@ -143,12 +146,14 @@ func restoreArchive(dataDir string, r io.Reader, id, raftAddr string) (*Restored
 			continue
 		}
 		out.Groups[g.ID] = index
-		if topics[g.ID], err = fsm.StateTopics(files[g.File]); err != nil {
+		topics, err := fsm.StateTopics(files[g.File])
+		if err != nil {
 			return nil, fmt.Errorf("group %s: %w", g.ID, err)
 		}
+		groups[g.ID] = fsm.RestoredGroup{Topics: topics, Want: len(g.Members)}
 	}
 	meta := files[m.Groups[0].File]
-	if err := fsm.RestoreDirectory(meta, id, topics); err != nil {
+	if err := fsm.RestoreDirectory(meta, id, groups); err != nil {
 		return nil, err
 	}
 	if err := installSnapshot(dataDir, meta, out.Index, id, raftAddr); err != nil {

@@ -22,8 +22,9 @@ import (
 // the metadata group and every data group, itself their one member; on it
 // every topic's messages are there, a consumer group's acks hold (the
 // acked messages are not delivered again, the others are), a dead letter
-// is kept, and a key answers duplicate at its original position. Before
-// this change the backup answered 409 backup_data_groups.
+// is kept, and a key answers duplicate at its original position. Nodes
+// that join then get the groups' replicas back by a rebalance. Before this
+// change the backup answered 409 backup_data_groups.
 func TestBackupDataGroups(t *testing.T) {
 	t.Parallel()
 	// With auth on: the backup node fetches the copy it does not hold with
@@ -135,6 +136,9 @@ func TestBackupDataGroups(t *testing.T) {
 	}
 
 	rc := tc.Start(t, 1, tc.WithFlags("--data-groups"), tc.WithNodeArgs(func(n *tc.Node) []string {
+		if n.ID() != "n1" { // nodes added later join with empty dirs
+			return nil
+		}
 		out, err := runMqd(t, "restore", "--data-dir", n.DataDir(), "--id", n.ID(), "--raft-addr", n.RaftAddr(), file)
 		if err != nil || strings.Count(out, "restored data group") != 4 {
 			t.Fatalf("mqd restore: %v\n%s", err, out)
@@ -199,6 +203,48 @@ func TestBackupDataGroups(t *testing.T) {
 	// New writes go on in the restored groups.
 	if pr := mustPublish(t, n, solo, "after", map[string]string{"Idempotency-Key": "fresh"}); pr.Duplicate {
 		t.Errorf("a new key on the restored node answered duplicate: %+v", pr)
+	}
+
+	// Two nodes join; a rebalance grows each restored group back to the
+	// members it had (three; one for the single-replica group), and the
+	// new replicas hold the topics.
+	n2, n3 := rc.AddNode("n2"), rc.AddNode("n3")
+	if _, err := rc.WaitReady(rctx); err != nil {
+		t.Fatalf("nodes joining the restored cluster: %v", err)
+	}
+	r, err = n.Do(rctx, http.MethodPost, "/v1/cluster/rebalance", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err != nil {
+		t.Fatalf("rebalance: %v", err)
+	}
+	t.Logf("rebalance of the restored cluster: %s", r.Body)
+	for id, want := range map[string]int{"g1": 3, "g2": 3, "g3": 3, "g4": 1} {
+		ms, err := clusterGroups(rctx, n)
+		if err != nil || len(ms[id]) != want {
+			t.Fatalf("after the rebalance group %s has members %v (%v), want %d", id, ms[id], err, want)
+		}
+	}
+	for _, tp := range topics {
+		for {
+			_, _, reps, err := topicPlacement(rctx, n, tp)
+			var st tc.TopicStats
+			r, serr := n3.Do(rctx, http.MethodGet, "/v1/topics/"+tp+"?stale=ok", nil, nil)
+			if serr == nil {
+				serr = r.JSON(&st)
+			}
+			if err == nil && len(reps) == 3 && serr == nil && st.NextOffsets() == 10 {
+				break
+			}
+			if rctx.Err() != nil {
+				t.Fatalf("topic %s: replicas %v (%v); %s's replica %+v (%v); want 3 replicas, 10 messages", tp, reps, err, n3, st, serr)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if _, err := publishRetry(rctx, []*tc.Node{n2}, "bk-a", "after-growth"); err != nil {
+		t.Fatalf("publish after the growth: %v", err)
 	}
 }
 
