@@ -15,9 +15,10 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// backupFetchTimeout bounds the fetch of one data group's copy from
-// another member (GET /v1/internal/groups/{id}/backup): its answer, and
-// the whole body, which is spooled to a temporary file first.
+// backupFetchTimeout bounds the wait for a member's answer with one data
+// group's copy (GET /v1/internal/groups/{id}/backup); reading its body,
+// which is spooled to a temporary file, is bounded by the forwarding
+// client's read timeout (server.go).
 const backupFetchTimeout = 5 * time.Minute
 
 // backupGroups answers GET /v1/cluster/backup while data groups exist: an
