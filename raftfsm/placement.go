@@ -35,6 +35,11 @@ const formatWait = 3 * time.Second
 // (every topic of a cluster made before data groups) are not placed: the
 // caller checks that first.
 //
+// While the state format is below 4 (fsm.DirectoryFormat: a member runs a
+// binary without data groups, as in a rolling upgrade) it answers "": the
+// caller creates the topic in the default group, as that binary would,
+// rather than refuse it.
+//
 // replicas is the topic's replica count (1, 3 or 5; every voter when the
 // cluster has fewer).
 func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (string, error) {
@@ -45,18 +50,14 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (stri
 	if g := dir.GroupOf(topic); g != "" {
 		return g, nil
 	}
-	// A new cluster's leader raises the format within about a second of
-	// leading (formatraise.go): wait for it that long, not longer (a
-	// member on an older binary keeps it down).
-	for wait := time.Now().Add(formatWait); n.FSM.StateFormat() < fsm.DirectoryFormat; {
-		if time.Now().After(wait) || replica.Pause(ctx, 20*time.Millisecond) != nil {
-			return "", fmt.Errorf("%w (it is %d; data groups need %d)", fsm.ErrFormatTooOld, n.FSM.StateFormat(), fsm.DirectoryFormat)
-		}
-	}
 	servers, err := n.Servers()
 	if err != nil {
 		return "", err
 	}
+	if ok, err := n.directoryFormat(ctx, servers); !ok {
+		return "", err
+	}
+	dir = n.FSM.Directory()
 	var voters []string
 	for _, s := range servers {
 		if s.Suffrage == raft.Voter {
@@ -75,6 +76,23 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (stri
 		return "", fmt.Errorf("place topic %s: %w", topic, err)
 	}
 	return res.Group, nil
+}
+
+// directoryFormat reports whether the state is in a format with the
+// directory of data groups. A new cluster's leader raises the format
+// within about a second of leading (formatraise.go): it waits for that up
+// to formatWait, but not while a member is known to run a binary that
+// reads less (members), for whom the raise cannot come.
+func (n *Node) directoryFormat(ctx context.Context, members []raft.Server) (bool, error) {
+	for wait := time.Now().Add(formatWait); n.FSM.StateFormat() < fsm.DirectoryFormat; {
+		if time.Now().After(wait) || olderMember(fsm.DirectoryFormat, n.cfg.ID, members, n.formatProbes(time.Now())) != "" {
+			return false, nil
+		}
+		if err := replica.Pause(ctx, 20*time.Millisecond); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // choosePlacement picks the data group of a new topic among the replica
