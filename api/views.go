@@ -185,8 +185,9 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 // metadata leader, when new topics go to data groups (Options.DataGroups):
 // the topic is placed (raftfsm.Node.PlaceTopic) and the request is then
 // served by its group, once this node holds it, or by a member. handled
-// false: the topic stays in the default group (data groups are off, or
-// this is a data group's view).
+// false: the topic goes to the default group (data groups are off, this
+// is a data group's view, or the state format is below 4: a member runs
+// a binary without data groups).
 func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route, replicas *int64) (handled bool, err error) {
 	gn, ok := s.grouped()
 	if !ok || !s.opts.DataGroups {
@@ -197,8 +198,8 @@ func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route, replicas *int
 		want = int(*replicas)
 	}
 	id, err := gn.PlaceTopic(r.ctx, r.topic, want)
-	if err != nil {
-		return true, err
+	if err != nil || id == "" {
+		return err != nil, err
 	}
 	members := gn.GroupMembers(id)
 	for {

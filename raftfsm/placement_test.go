@@ -46,6 +46,28 @@ func TestChoosePlacement(t *testing.T) {
 	if len(dir.Groups) != 5 || !slices.Equal(dir.Groups["g5"], []string{"e", "a", "b"}) {
 		t.Fatalf("five voters: %v", dir.Groups)
 	}
+	// Five voters, three topics of three replicas: the replicas spread,
+	// so no node holds all three topics (consecutive sets would put the
+	// middle voter in every group) and each topic has its own leader.
+	dir3 := &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	held, lead := map[string]int{}, map[string]int{}
+	for i := range 3 {
+		id, members, _ := choosePlacement([]string{"a", "b", "c", "d", "e"}, DefaultReplicas, dir3)
+		dir3.Groups[id] = members
+		dir3.Topics[string(rune('a'+i))] = id
+		for _, m := range members {
+			held[m]++
+		}
+		lead[members[0]]++
+	}
+	for n, k := range held {
+		if k > 2 {
+			t.Fatalf("five voters, three topics: %s holds %d (%v), want at most 2", n, k, dir3.Groups)
+		}
+	}
+	if len(lead) != 3 {
+		t.Fatalf("five voters, three topics: preferred leaders %v, want three nodes", lead)
+	}
 	// Replica counts side by side: a topic of 1 or 5 replicas goes to a
 	// group of that size, never to one of another.
 	one, oneMembers, create := choosePlacement([]string{"a", "b", "c", "d", "e"}, 1, dir)
