@@ -249,8 +249,16 @@ func TestBackupDataGroups(t *testing.T) {
 }
 
 // archiveManifest checks that body is a tar archive starting with
-// manifest.json and answers the manifest.
+// manifest.json followed by default.db and g1..g4, and answers the
+// manifest.
 func archiveManifest(t *testing.T, body []byte) string {
+	t.Helper()
+	return archiveManifestOf(t, body, []string{"default.db", "g1.db", "g2.db", "g3.db", "g4.db"})
+}
+
+// archiveManifestOf checks that body is a tar archive of manifest.json
+// and the files named, and answers the manifest.
+func archiveManifestOf(t *testing.T, body []byte, files []string) string {
 	t.Helper()
 	tr := tar.NewReader(bytes.NewReader(body))
 	h, err := tr.Next()
@@ -269,8 +277,40 @@ func archiveManifest(t *testing.T, body []byte) string {
 		}
 		names = append(names, h.Name)
 	}
-	if !slices.Equal(names, []string{"default.db", "g1.db", "g2.db", "g3.db", "g4.db"}) {
-		t.Errorf("archive files %v, want default.db and g1..g4", names)
+	if !slices.Equal(names, files) {
+		t.Errorf("archive files %v, want %v", names, files)
 	}
 	return b.String()
+}
+
+// TestBackupDataGroupsTLS: with TLS and no node token, the node taking a
+// backup fetches the copy of a group it holds no replica of with its
+// certificate (a node-to-node route).
+func TestBackupDataGroupsTLS(t *testing.T) {
+	t.Parallel()
+	ca := tc.NewCA(t, "cluster-ca")
+	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*", "publish:*", "consume:*", "cluster"}})
+	cl := tc.NewTLSClient(15*time.Second, 16, ca.Pool(), nil).WithToken(fx.Secrets["ops"])
+	c := tc.Start(t, 3, tc.WithTLS(ca), tc.WithClient(cl), tc.WithFlags("--auth-file", fx.Path, "--data-groups"))
+	nodes := c.Nodes()
+	mustTopic(t, nodes[0], "tls-solo", map[string]any{"replicas": 1})
+	ctx := ctxFor(t, 60*time.Second)
+	_, _, reps, err := topicPlacement(ctx, nodes[0], "tls-solo")
+	if err != nil || len(reps) != 1 {
+		t.Fatalf("placement: %v %v", reps, err)
+	}
+	mustPublish(t, nodes[0], "tls-solo", "m", nil)
+	var via *tc.Node
+	for _, n := range nodes {
+		if n.ID() != reps[0] {
+			via = n
+		}
+	}
+	r, err := via.Do(ctx, http.MethodGet, "/v1/cluster/backup", nil, nil)
+	if err != nil || r.Expect(http.StatusOK) != nil {
+		t.Fatalf("backup through %s over TLS: %v %v", via, err, r.Expect(http.StatusOK))
+	}
+	if m := archiveManifestOf(t, r.Body, []string{"default.db", "g1.db"}); !strings.Contains(m, `"from": "`+reps[0]+`"`) {
+		t.Errorf("manifest %s: want g1 copied from %s", m, reps[0])
+	}
 }
