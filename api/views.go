@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -34,6 +36,8 @@ type groupedNode interface {
 	Directory() *fsm.Directory
 	Drain(ctx context.Context, id string) ([]raftfsm.Move, error)
 	Rebalance(ctx context.Context) ([]raftfsm.Move, error)
+	GroupBackup(id string) (*fsm.Backup, bool, error)
+	SpoolBackup(r io.Reader, size int64) (*os.File, error)
 }
 
 // views are the node's data groups' views, made on a group's first

@@ -11,14 +11,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
-	"github.com/mqd/mqd/internal/refusal"
 	"github.com/mqd/mqd/replica"
 )
-
-// ErrBackupDataGroups: a backup copies the default group's state only;
-// with data groups it would miss their topics, so it is refused.
-var ErrBackupDataGroups = refusal.New(409, "backup_data_groups",
-	"the cluster has data groups (--data-groups), whose topics a backup of the default group's state would miss; backups of data groups are not built yet")
 
 // DefaultReplicas is the number of replicas of a topic placed in a data
 // group (SPEC section 12), or every node when the cluster has fewer.

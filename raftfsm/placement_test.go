@@ -115,3 +115,33 @@ func TestPlanRebalance(t *testing.T) {
 		t.Fatalf("a balanced cluster planned %v", again)
 	}
 }
+
+// A restore leaves each data group one member: once nodes have joined, a
+// rebalance grows each back to the members it had (want), on the least
+// loaded voters, no further than the voters there are; a group without
+// want, or one at it, gets nothing; a grown cluster plans nothing more.
+func TestPlanGrowth(t *testing.T) {
+	groups := map[string][]string{"g1": {"r1"}, "g2": {"r1"}, "g3": {"r1"}, "g4": {"r1"}, "g5": {"r1"}}
+	want := map[string]int{"g1": 3, "g2": 3, "g3": 3, "g5": 5}
+	voters := []string{"r1", "r2", "r3"}
+	moves := planGrowth(groups, voters, want)
+	for _, id := range []string{"g1", "g2", "g3", "g5"} {
+		if ms := groups[id]; len(ms) != 3 || ms[0] != "r1" || len(slices.Compact(slices.Sorted(slices.Values(ms)))) != 3 {
+			t.Errorf("group %s after %v: members %v, want r1 first and three distinct", id, moves, ms)
+		}
+	}
+	if ms := groups["g4"]; !slices.Equal(ms, []string{"r1"}) {
+		t.Errorf("g4 (no want) grew to %v", ms)
+	}
+	if len(moves) != 8 {
+		t.Errorf("moves %v, want 8 additions", moves)
+	}
+	for _, m := range moves {
+		if m.From != "" || m.To == "" {
+			t.Errorf("move %+v: an addition has a To and no From", m)
+		}
+	}
+	if again := planGrowth(groups, voters, want); len(again) != 0 {
+		t.Errorf("a grown cluster planned %v", again)
+	}
+}
