@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"slices"
@@ -20,7 +21,9 @@ import (
 //
 // Keys of bucket "directory": "g" + group id → its generation (0 when
 // created, one more at each OpSetMembers) and the members' ids (the first
-// the one that should lead); "t" + topic → group id.
+// the one that should lead); "t" + topic → group id; "w" + group id → the
+// number of members the group should grow back to (8 bytes), written only
+// by a restore (RestoreDirectory), which leaves each group one member.
 
 // DirectoryFormat is the state format from which OpCreateGroup and
 // OpPlaceTopic are applied.
@@ -58,6 +61,9 @@ type Directory struct {
 	Moved map[string]bool
 	// Topics: topic → data group id, for the topics placed in one.
 	Topics map[string]string
+	// Want: data group id → the members it should have, for a group a
+	// restore left with fewer than it had (a rebalance adds them).
+	Want map[string]int
 }
 
 // GroupOf is the data group topic lives in, or "" for the default group.
@@ -89,7 +95,7 @@ func (f *FSM) Directory() *Directory {
 	if c := f.dir.Load(); c != nil && c.gen == gen {
 		return c.dir
 	}
-	d := &Directory{Groups: map[string][]string{}, Moved: map[string]bool{}, Topics: map[string]string{}}
+	d := &Directory{Groups: map[string][]string{}, Moved: map[string]bool{}, Topics: map[string]string{}, Want: map[string]int{}}
 	_ = f.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bktDirectory)
 		if b == nil {
@@ -109,6 +115,10 @@ func (f *FSM) Directory() *Directory {
 				}
 			case 't':
 				d.Topics[string(k[1:])] = string(v)
+			case 'w':
+				if len(v) == 8 {
+					d.Want[string(k[1:])] = int(binary.BigEndian.Uint64(v))
+				}
 			}
 			return nil
 		})

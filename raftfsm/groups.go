@@ -108,10 +108,17 @@ func (n *Node) openDataGroups(ctx context.Context) {
 			}
 			continue
 		}
-		if !slices.Contains(members, n.cfg.ID) {
+		member := slices.Contains(members, n.cfg.ID)
+		if !member && !replica.HasGroupDir(n.cfg.DataDir, id) {
 			continue
 		}
-		if err := n.openDataGroup(ctx, id, members, !dir.Moved[id]); err != nil {
+		// A replica the directory no longer names but whose files are
+		// here was moved off this node while it was down (the group's
+		// leader removed it without it): it is opened, never
+		// bootstrapped, so that leaveDataGroup (moves.go) deletes it once
+		// its data is not needed, rather than left on disk for good (and
+		// resumed, stale, if a later move brings the group back here).
+		if err := n.openDataGroup(ctx, id, members, member && !dir.Moved[id]); err != nil {
 			n.data.mu.Lock()
 			first := n.data.failed[id] != err.Error()
 			n.data.failed[id] = err.Error()

@@ -11,14 +11,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
-	"github.com/mqd/mqd/internal/refusal"
 	"github.com/mqd/mqd/replica"
 )
-
-// ErrBackupDataGroups: a backup copies the default group's state only;
-// with data groups it would miss their topics, so it is refused.
-var ErrBackupDataGroups = refusal.New(409, "backup_data_groups",
-	"the cluster has data groups (--data-groups), whose topics a backup of the default group's state would miss; backups of data groups are not built yet")
 
 // DefaultReplicas is the number of replicas of a topic placed in a data
 // group (SPEC section 12), or every node when the cluster has fewer.
@@ -97,18 +91,33 @@ func (n *Node) directoryFormat(ctx context.Context, members []raft.Server) (bool
 	return true, nil
 }
 
-// choosePlacement picks the data group of a new topic: of the replica sets
-// {v[i], v[i+1], …, v[i+r−1]} (mod the sorted voters, the first the one
-// to lead), the one whose group holds the fewest topics (a set without a
-// group holds none; ties: the lowest i). So at most one group per voter
-// and replica count exists, each preferring another leader, and topics
-// spread evenly over them whatever their number. It answers the group's
-// id, its members, and whether it must be created.
+// choosePlacement picks the data group of a new topic among the replica
+// sets {v[i], v[i+1], …, v[i+r−1]} (mod the sorted voters, the first the
+// one to lead), so at most one group per voter and replica count exists,
+// each preferring another leader, whatever the number of topics. Of those
+// sets it takes, in this order: the one whose first member leads the
+// fewest placed topics (leaders spread), then the one whose busiest member
+// would hold the fewest, then the fewest held by its members in all (the
+// replicas spread: on five nodes, three topics of three replicas hold two
+// topics on the busiest node rather than three), then the set whose group
+// holds the fewest topics (a set without a group holds none), then the
+// lowest i. It answers the group's id, its members, and whether it must be
+// created.
 func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, members []string, create bool) {
 	voters = slices.Sorted(slices.Values(voters))
 	r = min(r, len(voters))
 	counts := dir.Counts()
-	best, bestCount := -1, 0
+	held, led := map[string]int{}, map[string]int{}
+	for _, g := range dir.Topics {
+		ms := dir.Groups[g]
+		for _, m := range ms {
+			held[m]++
+		}
+		if len(ms) > 0 {
+			led[ms[0]]++
+		}
+	}
+	var best []int // the score of the best set so far, compared in order
 	var bestID string
 	var bestMembers []string
 	for i := range voters {
@@ -116,22 +125,32 @@ func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, mem
 		for j := range set {
 			set[j] = voters[(i+j)%len(voters)]
 		}
-		gid := ""
-		for g, ms := range dir.Groups {
-			if slices.Equal(ms, set) {
-				gid = g
-				break
-			}
+		gid := groupWithMembers(dir, set)
+		busiest, sum := 0, 0
+		for _, m := range set {
+			busiest = max(busiest, held[m]+1)
+			sum += held[m]
 		}
-		c := counts[gid] // 0 for a set without a group
-		if best < 0 || c < bestCount {
-			best, bestCount, bestID, bestMembers = i, c, gid, set
+		score := []int{led[set[0]], busiest, sum, counts[gid]} // counts[""] is 0
+		if best == nil || slices.Compare(score, best) < 0 {
+			best, bestID, bestMembers = score, gid, set
 		}
 	}
 	if bestID != "" {
 		return bestID, bestMembers, false
 	}
 	return nextGroupID(dir), bestMembers, true
+}
+
+// groupWithMembers is the data group whose members are set, in that
+// order, or "".
+func groupWithMembers(dir *fsm.Directory, set []string) string {
+	for _, g := range sortedKeys(dir.Groups) {
+		if slices.Equal(dir.Groups[g], set) {
+			return g
+		}
+	}
+	return ""
 }
 
 // nextGroupID is "g" and one more than the highest number of a group

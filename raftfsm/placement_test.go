@@ -53,6 +53,28 @@ func TestChoosePlacement(t *testing.T) {
 	if len(dir.Groups) != 5 || !slices.Equal(dir.Groups["g5"], []string{"e", "a", "b"}) {
 		t.Fatalf("five voters: %v", dir.Groups)
 	}
+	// Five voters, three topics of three replicas: the replicas spread,
+	// so no node holds all three topics (consecutive sets would put the
+	// middle voter in every group) and each topic has its own leader.
+	dir3 := &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	held, lead := map[string]int{}, map[string]int{}
+	for i := range 3 {
+		id, members, _ := choosePlacement([]string{"a", "b", "c", "d", "e"}, DefaultReplicas, dir3)
+		dir3.Groups[id] = members
+		dir3.Topics[string(rune('a'+i))] = id
+		for _, m := range members {
+			held[m]++
+		}
+		lead[members[0]]++
+	}
+	for n, k := range held {
+		if k > 2 {
+			t.Fatalf("five voters, three topics: %s holds %d (%v), want at most 2", n, k, dir3.Groups)
+		}
+	}
+	if len(lead) != 3 {
+		t.Fatalf("five voters, three topics: preferred leaders %v, want three nodes", lead)
+	}
 	// Replica counts side by side: a topic of 1 or 5 replicas goes to a
 	// group of that size, never to one of another.
 	one, oneMembers, create := choosePlacement([]string{"a", "b", "c", "d", "e"}, 1, dir)
@@ -134,5 +156,35 @@ func TestDirectoryFormat(t *testing.T) {
 	}
 	if ok, err := n.directoryFormat(context.Background(), members); !ok || err != nil {
 		t.Fatalf("in format 4: %v, %v; want true", ok, err)
+	}
+}
+
+// A restore leaves each data group one member: once nodes have joined, a
+// rebalance grows each back to the members it had (want), on the least
+// loaded voters, no further than the voters there are; a group without
+// want, or one at it, gets nothing; a grown cluster plans nothing more.
+func TestPlanGrowth(t *testing.T) {
+	groups := map[string][]string{"g1": {"r1"}, "g2": {"r1"}, "g3": {"r1"}, "g4": {"r1"}, "g5": {"r1"}}
+	want := map[string]int{"g1": 3, "g2": 3, "g3": 3, "g5": 5}
+	voters := []string{"r1", "r2", "r3"}
+	moves := planGrowth(groups, voters, want)
+	for _, id := range []string{"g1", "g2", "g3", "g5"} {
+		if ms := groups[id]; len(ms) != 3 || ms[0] != "r1" || len(slices.Compact(slices.Sorted(slices.Values(ms)))) != 3 {
+			t.Errorf("group %s after %v: members %v, want r1 first and three distinct", id, moves, ms)
+		}
+	}
+	if ms := groups["g4"]; !slices.Equal(ms, []string{"r1"}) {
+		t.Errorf("g4 (no want) grew to %v", ms)
+	}
+	if len(moves) != 8 {
+		t.Errorf("moves %v, want 8 additions", moves)
+	}
+	for _, m := range moves {
+		if m.From != "" || m.To == "" {
+			t.Errorf("move %+v: an addition has a To and no From", m)
+		}
+	}
+	if again := planGrowth(groups, voters, want); len(again) != 0 {
+		t.Errorf("a grown cluster planned %v", again)
 	}
 }

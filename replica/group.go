@@ -172,6 +172,16 @@ func GroupDir(dataDir, id string) (string, error) {
 	return dir, nil
 }
 
+// HasGroupDir reports whether dataDir holds a directory for data group id
+// (a replica of it, or what is left of one).
+func HasGroupDir(dataDir, id string) bool {
+	if ValidateGroupID(id) != nil || id == DefaultGroup {
+		return false
+	}
+	st, err := os.Stat(filepath.Join(dataDir, "groups", id))
+	return err == nil && st.IsDir()
+}
+
 func (c *GroupConfig) validate() error {
 	if err := ValidateGroupID(c.ID); err != nil {
 		return err
