@@ -88,6 +88,35 @@ func TestDirectory(t *testing.T) {
 	}
 }
 
+// Two creations of one name racing with the raise to format 4, one sent
+// to the default group before it and one placed after it: whichever
+// commits first keeps the topic. A topic the default group holds is not
+// placed (the placement answers the default group), and the default group
+// refuses to create a topic placed meanwhile (ErrTopicPlaced, writing
+// nothing), so no name lives in two groups.
+func TestPlaceRacesDefaultCreation(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "early"})
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: DirectoryFormat})
+	h.must(&command.Command{Op: command.OpCreateGroup, Now: 1, Group: "g1", Members: []string{"n1"}})
+	if r := h.must(&command.Command{Op: command.OpPlaceTopic, Now: 1, Topic: "early", Group: "g1"}); r.Group != "" || r.Created {
+		t.Fatalf("placing a topic of the default group: %+v, want the default group", r)
+	}
+	if g := h.f.Directory().GroupOf("early"); g != "" {
+		t.Fatalf("early placed in %q", g)
+	}
+	h.must(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "early"}) // an update still applies
+
+	h.must(&command.Command{Op: command.OpPlaceTopic, Now: 1, Topic: "late", Group: "g1"})
+	before := dumpDB(t, h.f)
+	if r := h.apply(&command.Command{Op: command.OpPutTopic, Now: 1, Topic: "late"}); !errors.Is(r.Err, ErrTopicPlaced) {
+		t.Fatalf("creating a placed topic in the default group: %v, want ErrTopicPlaced", r.Err)
+	}
+	if after := dumpDB(t, h.f); !reflect.DeepEqual(before, after) {
+		t.Fatalf("the refused creation wrote:\n%s", diffDumps(before, after))
+	}
+}
+
 // TestRestoreDirectory: a restore's directory names the restored node the
 // one member of each restored group (a group that never moved), records
 // the count a group had when more than one, drops a group the archive

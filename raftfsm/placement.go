@@ -29,10 +29,11 @@ const formatWait = 3 * time.Second
 // (every topic of a cluster made before data groups) are not placed: the
 // caller checks that first.
 //
-// While the state format is below 4 (fsm.DirectoryFormat: a member runs a
-// binary without data groups, as in a rolling upgrade) it answers "": the
-// caller creates the topic in the default group, as that binary would,
-// rather than refuse it.
+// It answers "" (the default group, where the caller creates the topic as
+// a binary without data groups would, rather than refuse it) while the
+// state format is below 4 (fsm.DirectoryFormat: a member runs such a
+// binary, as in a rolling upgrade), and for a topic the default group
+// created meanwhile (fsm's applyPlaceTopic).
 //
 // replicas is the topic's replica count (1, 3 or 5; every voter when the
 // cluster has fewer).
@@ -82,8 +83,9 @@ func (n *Node) directoryFormat(ctx context.Context, members []raft.Server) (bool
 		if time.Now().After(wait) || olderMember(fsm.DirectoryFormat, n.cfg.ID, members, n.formatProbes(time.Now())) != "" {
 			return false, nil
 		}
-		if err := replica.Pause(ctx, 20*time.Millisecond); err != nil {
-			return false, err
+		if replica.Pause(ctx, 20*time.Millisecond) != nil {
+			return false, fmt.Errorf("%w (it is %d; data groups need %d): the request's deadline passed waiting for it",
+				fsm.ErrFormatTooOld, n.FSM.StateFormat(), fsm.DirectoryFormat)
 		}
 	}
 	return true, nil

@@ -1,9 +1,16 @@
 package raftfsm
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
 )
 
@@ -113,6 +120,42 @@ func TestPlanRebalance(t *testing.T) {
 	}
 	if again := planRebalance(groups, voters); len(again) != 0 {
 		t.Fatalf("a balanced cluster planned %v", again)
+	}
+}
+
+// Placement needs state format 4. Below it, it does not wait while a
+// member's last answer says it reads less (a rolling upgrade: the caller
+// creates the topic in the default group); otherwise it waits for the raise
+// within the request's deadline; at format 4 it places.
+func TestDirectoryFormat(t *testing.T) {
+	f, err := fsm.OpenFSM(filepath.Join(t.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := &Node{FSM: f, cfg: Config{ID: "n1"}}
+	members := []raft.Server{{ID: "n1"}, {ID: "n2"}, {ID: "n3"}}
+	now := time.Now()
+	n.peers.views = map[string]*peerView{
+		"n2": {status: Status{StateFormatMax: 3}, lastOK: now.Add(-time.Minute), failed: true}, // 0.2.0, down since
+		"n3": {status: Status{StateFormatMax: fsm.StateFormat}, lastOK: now},
+	}
+	start := time.Now()
+	if ok, err := n.directoryFormat(context.Background(), members); ok || err != nil || time.Since(start) > time.Second {
+		t.Fatalf("with a member on 0.2.0: %v, %v after %v; want false, nil at once", ok, err, time.Since(start))
+	}
+	n.peers.views["n2"] = &peerView{status: Status{StateFormatMax: fsm.StateFormat}, lastOK: now}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if ok, err := n.directoryFormat(ctx, members); ok || !errors.Is(err, fsm.ErrFormatTooOld) {
+		t.Fatalf("every member reads format 4, not raised yet, deadline passed: %v, %v; want false, ErrFormatTooOld", ok, err)
+	}
+	raise := &command.Command{Op: command.OpSetFormat, Now: 1, Format: fsm.DirectoryFormat}
+	if r, _ := f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: raise.Encode()}).(*fsm.Result); r == nil || r.Err != nil {
+		t.Fatalf("raise: %+v", r)
+	}
+	if ok, err := n.directoryFormat(context.Background(), members); !ok || err != nil {
+		t.Fatalf("in format 4: %v, %v; want true", ok, err)
 	}
 }
 

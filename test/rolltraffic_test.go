@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -34,7 +35,7 @@ type rollTraffic struct {
 	delivered map[string]map[posKey]string // topic → position → value fetched there
 	okAcks    map[string]map[posKey]int    // topic → position → acks answered ok
 	unsure    map[string]map[posKey]bool   // an ack that had no answer, retried and answered stale
-	retried   int                          // publishes and acks sent again after no answer or 503
+	retried   map[string]int               // publishes and acks sent again, by why (retryReason)
 	failures  []string                     // what went wrong, reported by check
 	progress  map[string]int               // topic → acks answered ok (for waitProgress)
 }
@@ -51,7 +52,7 @@ func startRollTraffic(ctx context.Context, t *testing.T, nodes []*tc.Node, topic
 	tr := &rollTraffic{t: t, nodes: nodes, ctx: ctx, stop: make(chan struct{}),
 		acked: map[string][]string{}, results: map[string]tc.PublishResult{},
 		delivered: map[string]map[posKey]string{}, okAcks: map[string]map[posKey]int{},
-		unsure: map[string]map[posKey]bool{}, progress: map[string]int{}}
+		unsure: map[string]map[posKey]bool{}, progress: map[string]int{}, retried: map[string]int{}}
 	tr.add(topics...)
 	for i := range rollPublishers {
 		tr.wg.Add(1)
@@ -146,7 +147,7 @@ func (tr *rollTraffic) publish(tp, v string, start int) (tc.PublishResult, error
 			return pr, fmt.Errorf("via %s (try %d): %w", n, try+1, err)
 		}
 		tr.mu.Lock()
-		tr.retried++
+		tr.retried[retryReason(err)]++
 		tr.mu.Unlock()
 		select {
 		case <-tr.ctx.Done():
@@ -213,7 +214,7 @@ func (tr *rollTraffic) ack(tp string, msgs []tc.Message, start int) {
 				return
 			}
 			tr.mu.Lock()
-			tr.retried++
+			tr.retried[retryReason(err)]++
 			tr.mu.Unlock()
 			tr.pause(100 * time.Millisecond)
 			continue
@@ -383,6 +384,20 @@ func (tr *rollTraffic) summary() string {
 	for _, tp := range tr.topics {
 		fmt.Fprintf(&b, "%s %d published %d acked; ", tp, len(tr.acked[tp]), tr.progress[tp])
 	}
-	fmt.Fprintf(&b, "%d requests sent again after no answer or 503", tr.retried)
+	fmt.Fprintf(&b, "requests sent again: %v", tr.retried)
 	return b.String()
+}
+
+// retryReason classes an error a request is sent again after: no answer,
+// or a 503's code (and for unavailable, whether the forward's connection
+// was closed before the answer).
+func retryReason(err error) string {
+	var se *tc.StatusError
+	switch {
+	case !errors.As(err, &se):
+		return "no answer"
+	case se.Code == "unavailable" && strings.Contains(se.Body, "closed the connection"):
+		return "503 unavailable (connection closed)"
+	}
+	return fmt.Sprint(se.Status, " ", se.Code)
 }
