@@ -3,7 +3,6 @@ package fsm
 import (
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/mqd/mqd/command"
@@ -233,11 +232,6 @@ func applyPlaceTopic(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, erro
 	}
 	ev.DirectoryChanged = true
 	return &Result{Group: c.Group, Created: true}, b.Put(key, []byte(c.Group))
-}
-
-// Clone returns a copy of d the caller may change.
-func (d *Directory) Clone() *Directory {
-	return &Directory{Groups: maps.Clone(d.Groups), Moved: maps.Clone(d.Moved), Topics: maps.Clone(d.Topics)}
 }
 
 // checkNotPlaced refuses the creation of topic in this state when the
