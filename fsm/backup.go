@@ -48,16 +48,29 @@ func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
 	if err := room(b.Size); err != nil {
 		return nil, err
 	}
+	b.File, err = Spool(dir, func(w io.Writer) error {
+		_, err := tx.WriteTo(w)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Spool writes a backup's copy with write into an unlinked temporary file
+// in dir (a crash leaves nothing behind) and answers it positioned at its
+// start, for the caller to read and close; on an error nothing is left.
+func Spool(dir string, write func(io.Writer) error) (*os.File, error) {
 	tmp, err := os.CreateTemp(dir, "backup-*.tmp")
 	if err != nil {
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	// Unlinked at once: a crash leaves nothing behind.
 	if err := os.Remove(tmp.Name()); err != nil {
 		tmp.Close()
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	if _, err := tx.WriteTo(tmp); err != nil {
+	if err := write(tmp); err != nil {
 		tmp.Close()
 		return nil, fmt.Errorf("backup copy: %w", err)
 	}
@@ -65,8 +78,7 @@ func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
 		tmp.Close()
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	b.File = tmp
-	return b, nil
+	return tmp, nil
 }
 
 func metaApplied(tx *bolt.Tx) (index, term uint64) {

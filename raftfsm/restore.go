@@ -173,23 +173,10 @@ func (n *Node) SpoolBackup(r io.Reader, size int64) (*os.File, error) {
 	if err := n.backupRoom(size); err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(n.cfg.DataDir, "backup-*.tmp")
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if err := os.Remove(f.Name()); err != nil { // a crash leaves nothing behind
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if _, err := io.CopyN(f, r, size); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	return f, nil
+	return fsm.Spool(n.cfg.DataDir, func(w io.Writer) error {
+		_, err := io.CopyN(w, r, size)
+		return err
+	})
 }
 
 // backupRoom refuses a copy of size bytes that would leave less free
