@@ -81,14 +81,6 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 			t.Fatalf("%s after its upgrade: %v", n, err)
 		}
 	}
-	format := func(n *tc.Node) int {
-		t.Helper()
-		st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.StateFormat
-	}
 
 	// All old: leases granted by the old binary, half of them acked now.
 	publish(leader, 100)
@@ -136,7 +128,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range followers {
-		if f := format(n); f != 1 {
+		if f := mustStateFormat(ctx, t, n); f != 1 {
 			t.Fatalf("%s: state_format %d with an older member in the cluster, want 1", n, f)
 		}
 	}
@@ -272,14 +264,6 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 	ctx := ctxFor(t, 170*time.Second)
 	nodes := c.Nodes()
 	leader, followers := mustRoles(t, c)
-	format := func(n *tc.Node) int {
-		t.Helper()
-		st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.StateFormat
-	}
 	formatIs := func(want int, when string) {
 		t.Helper()
 		for _, n := range nodes {
@@ -291,7 +275,7 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 	stillOld := func(when string) {
 		t.Helper()
 		for _, n := range nodes {
-			if f := format(n); f != 3 {
+			if f := mustStateFormat(ctx, t, n); f != 3 {
 				t.Fatalf("%s: %s has state_format %d with a member on the old binary, want 3", when, n, f)
 			}
 		}
@@ -513,4 +497,14 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 		}
 		compareStateFiles(t, ns, filepath.Join("groups", id, "fsm.db"))
 	}
+}
+
+// mustStateFormat is the state format n answers in its status.
+func mustStateFormat(ctx context.Context, t *testing.T, n *tc.Node) int {
+	t.Helper()
+	st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.StateFormat
 }
