@@ -64,7 +64,9 @@ func newForwardClient(l Limits, tlsStore *tlsconf.Store) *fasthttp.Client {
 	// effect even when no answer came.
 	c.RetryIfErr = func(_ *fasthttp.Request, _ int, err error) (bool, bool) {
 		if errors.Is(err, errStaleConn) {
-			// The peer restarted: its other idle connections are stale too.
+			// The peer restarted: its other idle connections are stale
+			// too. The client cannot close one host's only: the idle
+			// connections to every node go (a new dial each, no more).
 			c.CloseIdleConnections()
 			return false, true
 		}
