@@ -63,6 +63,12 @@ func PrepareRestore(dataDir string, backup io.Reader, id, raftAddr string) (res 
 		return nil, err
 	}
 	defer func() {
+		// bbolt panics on some damaged pages of a file it opens (an
+		// assertion on a page's id or type): here that is bad input, a
+		// refusal like any other, not a crash that leaves the files.
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("restore: %w: a state file is damaged (%v)", fsm.ErrNotBackup, p)
+		}
 		lock.release()
 		if err != nil { // leave the directory empty again, for another try
 			ents, _ := os.ReadDir(dataDir)
