@@ -187,11 +187,12 @@ func archiveRoom(dataDir string, m *ArchiveManifest) error {
 	}
 	var need uint64
 	for _, g := range m.Groups {
-		need += 2 * uint64(g.Size) // each at most maxStateFile: no overflow
-	}
-	if need > free {
-		return fmt.Errorf("restore: %w: the archive's files need %d bytes, %s has %d free",
-			ErrInsufficientStorage, need, dataDir, free)
+		// Checked at each file, so that need, at most free plus twice
+		// maxStateFile, cannot wrap around however many files there are.
+		if need += 2 * uint64(g.Size); need > free {
+			return fmt.Errorf("restore: %w: the archive's files need more than the %d bytes free in %s",
+				ErrInsufficientStorage, free, dataDir)
+		}
 	}
 	return nil
 }

@@ -160,6 +160,19 @@ func TestRestoreArchiveHostile(t *testing.T) {
 			h.PAXRecords = map[string]string{"XYZ.sparse.major": "0", "XYZ.sparse.minor": "1",
 				"XYZ.sparse.size": "1048576", "XYZ.sparse.numblocks": "1", "XYZ.sparse.map": "0,0"}
 		}})
+	// So many files of the largest size that twice their total wraps
+	// around a uint64 (to 0, were it summed first: 8192 × 2 × 2^50 = 2^64).
+	manyGroups := func(n int, size int64) entry {
+		m := ArchiveManifest{Format: ArchiveFormat, Groups: []ArchiveGroup{{ID: "default", File: "default.db", Size: size}}}
+		for i := 1; i < n; i++ {
+			m.Groups = append(m.Groups, ArchiveGroup{ID: fmt.Sprint("g", i), File: fmt.Sprint("g", i, ".db"), Size: size})
+		}
+		js, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return entry{name: manifestName, body: js}
+	}
 	sparse = bytes.ReplaceAll(sparse, []byte("XYZ.sparse."), []byte("GNU.sparse."))
 	symlink := func(h *tar.Header) { h.Typeflag, h.Linkname = tar.TypeSymlink, "/etc/passwd" }
 	cases := map[string]struct {
@@ -177,6 +190,7 @@ func TestRestoreArchiveHostile(t *testing.T) {
 		"a sparse file": {archive: sparse, want: fsm.ErrNotBackup, says: "not a regular file"},
 		"larger than the free space": {archive: archive(manifest("default.db", 1<<49, int64(len(g1)))),
 			want: ErrInsufficientStorage, says: "need"},
+		"sizes that wrap around": {archive: archive(manyGroups(8192, 1<<50)), want: ErrInsufficientStorage, says: "need"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
