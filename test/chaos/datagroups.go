@@ -184,11 +184,13 @@ func waitGroups(ctx context.Context, c *tc.Cluster) ([]groupInfo, error) {
 	}
 }
 
-// heldGroups is the data groups node n holds open, by GET /v1/internal/status.
-func heldGroups(ctx context.Context, n *tc.Node) (map[string]uint64, error) {
+// heldGroups is the data groups node n holds open, by GET
+// /v1/internal/status sent with admin (a node-to-node route: with TLS it
+// needs a client certificate of the cluster's CA).
+func heldGroups(ctx context.Context, admin *tc.Client, n *tc.Node) (map[string]uint64, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	r, err := n.Do(rctx, http.MethodGet, "/v1/internal/status", nil, nil)
+	r, err := admin.Do(rctx, http.MethodGet, n.URL()+"/v1/internal/status", nil, nil)
 	if err == nil {
 		err = r.Expect(http.StatusOK)
 	}
@@ -204,10 +206,10 @@ func heldGroups(ctx context.Context, n *tc.Node) (map[string]uint64, error) {
 // movesOnce answers "" when every data group's replicas are where the
 // directory says: each member holds it open, no other node holds it open
 // or keeps its files; otherwise what is still moving.
-func movesOnce(ctx context.Context, c *tc.Cluster, groups []groupInfo) string {
+func movesOnce(ctx context.Context, c *tc.Cluster, admin *tc.Client, groups []groupInfo) string {
 	var left []string
 	for _, n := range c.Nodes() {
-		held, err := heldGroups(ctx, n)
+		held, err := heldGroups(ctx, admin, n)
 		if err != nil {
 			return fmt.Sprintf("%s: status: %v", n.ID(), err)
 		}
@@ -230,14 +232,14 @@ func movesOnce(ctx context.Context, c *tc.Cluster, groups []groupInfo) string {
 
 // waitMoves waits (bounded) until every move is done (movesOnce) and
 // every data group has an agreed leader.
-func waitMoves(ctx context.Context, c *tc.Cluster, d time.Duration) error {
+func waitMoves(ctx context.Context, c *tc.Cluster, admin *tc.Client, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	why := ""
 	for {
 		gs, w := groupsOnce(ctx, c)
 		if gs != nil {
-			w = movesOnce(ctx, c, gs)
+			w = movesOnce(ctx, c, admin, gs)
 			if w == "" {
 				return nil
 			}
@@ -427,7 +429,7 @@ func (nm *Nemesis) killDuringMove() error {
 	time.Sleep(hold)
 	victim.Restart()
 	t0 := time.Now()
-	if err := waitMoves(context.Background(), nm.c, 90*time.Second); err != nil {
+	if err := waitMoves(context.Background(), nm.c, nm.admin, 90*time.Second); err != nil {
 		return fmt.Errorf("%s: %w", faultKillDuringMove, err)
 	}
 	nm.logf("%s: moves done %v after the restart", faultKillDuringMove, time.Since(t0).Round(time.Millisecond))

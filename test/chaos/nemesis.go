@@ -42,7 +42,8 @@ type Nemesis struct {
 	// groups: the cluster has data groups (datagroups.go): ready means
 	// every data group has an agreed leader too.
 	groups  bool
-	drained string // the node a kill-during-move drained last ("": none since the last rebalance)
+	drained string     // the node a kill-during-move drained last ("": none since the last rebalance)
+	admin   *tc.Client // for node-to-node routes (a client certificate with TLS)
 }
 
 func newNemesis(t *testing.T, c *tc.Cluster, nw *Net, seed int64, kinds []string, power *powerMounts) *Nemesis {

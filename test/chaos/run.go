@@ -169,6 +169,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 		proxies[id] = p
 	}
 	client := tc.NewClient(reqTimeout, 64)
+	admin := client // node-to-node routes (GET /v1/internal/status)
 	var tlsOpt []tc.Option
 	caPath := ""
 	if cfg.TLS {
@@ -176,6 +177,8 @@ func Run(t *testing.T, cfg Config) *Figures {
 		// 127.0.0.1, which the test certificates name.
 		ca := tc.NewCA(t, "chaos-ca")
 		client = tc.NewTLSClient(reqTimeout, 64, ca.Pool(), nil)
+		cert := ca.KeyPair("chaos-admin")
+		admin = tc.NewTLSClient(reqTimeout, 8, ca.Pool(), &cert)
 		tlsOpt = append(tlsOpt, tc.WithTLS(ca))
 		caPath = ca.CertPath()
 	}
@@ -291,7 +294,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 	// Faults.
 	nm := newNemesis(t, c, nw, cfg.Seed, cfg.Kinds, power)
 	nm.noTorn = cfg.NoTorn
-	nm.groups = cfg.DataGroups
+	nm.groups, nm.admin = cfg.DataGroups, admin
 	if err := nm.Run(time.Now().Add(cfg.Duration), cfg.MaxFaults); err != nil {
 		t.Errorf("nemesis: %v", err)
 	}
@@ -308,7 +311,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 		t.Errorf("%v", err)
 	}
 	if cfg.DataGroups {
-		if err := waitMoves(context.Background(), c, 90*time.Second); err != nil {
+		if err := waitMoves(context.Background(), c, admin, 90*time.Second); err != nil {
 			t.Errorf("final heal: %v", err)
 		}
 	}
