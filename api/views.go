@@ -149,7 +149,8 @@ func (s *Server) waitView(ctx *fasthttp.RequestCtx, gn groupedNode, id string) (
 // toGroupMember forwards a request about a topic of data group id, which
 // this node holds no replica of, to a node that does (it forwards on to
 // the group's leader): the members in the directory's order, the next
-// one when one cannot be reached.
+// one when one cannot be reached (or, for a read, lost the connection).
+// When none answers, the client hears 503 and retries.
 func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
@@ -169,10 +170,15 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 			continue
 		}
 		ctx.Request.Header.Set(placedHeader, id)
-		if err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
+		err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil)
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
 		ctx.Response.Reset()
+	}
+	if errors.Is(err, errLeaderUnreachable) || errors.Is(err, errLeaderLost) {
+		// Nothing was sent, or a read was cut: safe to retry.
+		return errorf(ErrUnavailable, "no member of data group %s %v answered (%v); retry", id, members, err)
 	}
 	return err
 }
