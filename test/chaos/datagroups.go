@@ -344,7 +344,9 @@ func (nm *Nemesis) injectGroups(kind string) (bool, error) {
 				rest = append(rest, n.ID())
 			}
 		}
-		sides = append(sides, rest)
+		if len(rest) > 0 {
+			sides = append(sides, rest)
+		}
 		mode := Mode(nm.rng.IntN(2))
 		hold := nm.between(1*time.Second, 6*time.Second)
 		nm.logf("%s: partition %v (%s; %s) for %v", kind, sides, what, mode, hold)

@@ -254,6 +254,15 @@ func Run(t *testing.T, cfg Config) *Figures {
 			t.Fatal(err)
 		}
 		pw = newProcWorkload(t, cfg, c.Nodes(), caPath)
+		if cfg.DataGroups {
+			gin, _, err1 := topicPlacement(setup, leader, procIn)
+			gout, _, err2 := topicPlacement(setup, leader, procOut)
+			if err := cmp.Or(err1, err2); err != nil {
+				t.Fatalf("placement of %s, %s: %v", procIn, procOut, err)
+			}
+			pw.across = gin != gout
+			t.Logf("processing: %s in data group %s, %s in %s", procIn, gin, procOut, gout)
+		}
 	}
 	hs := make([]*History, len(topics))
 	ws := make([]*workload, len(topics))
