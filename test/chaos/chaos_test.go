@@ -33,7 +33,7 @@ var (
 )
 
 // dataGroupsDuration is TestChaosDataGroups' fault phase unless -chaos.duration is given.
-const dataGroupsDuration = 90 * time.Second
+const dataGroupsDuration = 60 * time.Second
 
 // configFor is the run configuration from the flags.
 func configFor(t *testing.T, seed int64, d time.Duration) Config {
@@ -185,7 +185,7 @@ func TestSoak(t *testing.T) {
 // that cannot be compared fails the run.
 func TestChaosDataGroups(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the data-groups chaos run takes about three minutes; skipped in -short mode")
+		t.Skip("the data-groups chaos run takes about a minute and a half; skipped in -short mode")
 	}
 	d := dataGroupsDuration
 	flag.Visit(func(f *flag.Flag) {
