@@ -16,23 +16,24 @@ import (
 // route of its kind answers (see expectedStatuses). Keep it in step with
 // the handlers: it is the reviewer's check on openapi.yaml.
 var routeStatuses = map[string][]int{
-	"GET /healthz":                      {200},
-	"GET /readyz":                       {200, 503},
-	"GET /metrics":                      {200},
-	"GET /v1/cluster":                   {200},
-	"GET /v1/internal/status":           {200},
-	"POST /v1/internal/join":            {200, 409}, // state_format_unsupported
-	"POST /v1/internal/forward":         {200, 400}, // bad_request: a body it cannot read
-	"DELETE /v1/cluster/nodes/{id}":     {200, 404, 409},
-	"POST /v1/cluster/nodes/{id}/drain": {200, 404, 409}, // node_not_found; no_move_target
-	"POST /v1/cluster/rebalance":        {200},
-	"GET /v1/cluster/backup":            {200, 409, 507}, // backup_data_groups; insufficient_storage: no room for the copy
-	"POST /v1/cluster/clock/accept":     {200, 400},      // bad_request: a body that is not an empty object
-	"GET /v1/openapi.yaml":              {200},
-	"GET /debug/pprof/{profile}":        {200, 404}, // not_found: profiles are off (no --pprof)
-	"POST /debug/pprof/{profile}":       {200, 404},
-	"GET /ui":                           {200},
-	"GET /ui/{file}":                    {200, 404}, // not_found: no such file
+	"GET /healthz":                        {200},
+	"GET /readyz":                         {200, 503},
+	"GET /metrics":                        {200},
+	"GET /v1/cluster":                     {200},
+	"GET /v1/internal/status":             {200},
+	"POST /v1/internal/join":              {200, 409}, // state_format_unsupported
+	"POST /v1/internal/forward":           {200, 400}, // bad_request: a body it cannot read
+	"DELETE /v1/cluster/nodes/{id}":       {200, 404, 409},
+	"POST /v1/cluster/nodes/{id}/drain":   {200, 404, 409}, // node_not_found; no_move_target
+	"POST /v1/cluster/rebalance":          {200},
+	"GET /v1/cluster/backup":              {200, 503, 507},      // unavailable: a data group no member copies; insufficient_storage: no room for the copy
+	"GET /v1/internal/groups/{id}/backup": {200, 400, 404, 507}, // bad_request: not a data group id; not_found: no replica here
+	"POST /v1/cluster/clock/accept":       {200, 400},           // bad_request: a body that is not an empty object
+	"GET /v1/openapi.yaml":                {200},
+	"GET /debug/pprof/{profile}":          {200, 404}, // not_found: profiles are off (no --pprof)
+	"POST /debug/pprof/{profile}":         {200, 404},
+	"GET /ui":                             {200},
+	"GET /ui/{file}":                      {200, 404}, // not_found: no such file
 
 	"GET /v1/topics":                         {200},
 	"PUT /v1/topics/{topic}":                 {200, 201, 409, 507}, // partitions_shrink, insufficient_storage on create

@@ -3,8 +3,8 @@ package api
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,25 +216,31 @@ func (s *Server) join(ctx *fasthttp.RequestCtx, r *route) error {
 // follower too; no forwarding): the state machine as one bbolt read
 // transaction saw it, copied to a temporary file first and then streamed
 // (raftfsm.Node.Backup). Mq-Applied-Index names the raft index the copy
-// is consistent at.
+// is consistent at. With data groups the answer is an archive of every
+// group's state (backupGroups).
 func (s *Server) backup(ctx *fasthttp.RequestCtx, _ *route) error {
 	if gn, ok := s.grouped(); ok && len(gn.Directory().Groups) > 0 {
-		return raftfsm.ErrBackupDataGroups
+		return s.backupGroups(ctx, gn)
 	}
 	b, err := s.node.Backup()
 	if err != nil {
 		return err
 	}
+	streamBackup(ctx, b, "mqd-backup")
+	return nil
+}
+
+// streamBackup answers with backup b's file.
+func streamBackup(ctx *fasthttp.RequestCtx, b *fsm.Backup, name string) {
 	ctx.Response.Header.Set("Mq-Applied-Index", strconv.FormatUint(b.Index, 10))
 	ctx.Response.Header.Set("Content-Disposition",
-		fmt.Sprintf(`attachment; filename="mqd-backup-%d.db"`, b.Index))
+		fmt.Sprintf(`attachment; filename="%s-%d.db"`, name, b.Index))
 	ctx.SetContentType("application/octet-stream")
 	ctx.SetStatusCode(200)
 	// fasthttp sets the write deadline (30 s) once for the whole answer:
 	// each read of the body moves it on, so that a large backup is cut off
 	// only when the client stops reading, not when it takes long.
-	ctx.SetBodyStream(&deadlineReader{f: b.File, conn: ctx.Conn(), d: backupWriteTimeout}, int(b.Size))
-	return nil
+	ctx.SetBodyStream(&deadlineReader{r: b.File, conn: ctx.Conn(), d: backupWriteTimeout}, int(b.Size))
 }
 
 const backupWriteTimeout = 30 * time.Second
@@ -243,14 +249,14 @@ const backupWriteTimeout = 30 * time.Second
 // write deadline before each read and closes the file at the end (fasthttp
 // closes a body stream that is an io.Closer).
 type deadlineReader struct {
-	f    *os.File
+	r    io.ReadCloser
 	conn net.Conn
 	d    time.Duration
 }
 
 func (r *deadlineReader) Read(p []byte) (int, error) {
 	_ = r.conn.SetWriteDeadline(time.Now().Add(r.d))
-	return r.f.Read(p)
+	return r.r.Read(p)
 }
 
-func (r *deadlineReader) Close() error { return r.f.Close() }
+func (r *deadlineReader) Close() error { return r.r.Close() }

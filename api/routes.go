@@ -129,6 +129,7 @@ func (s *Server) routes() []Route {
 		rt("POST", "/v1/cluster/nodes/{id}/drain", true, PermCluster, s.drainNode),
 		rt("POST", "/v1/cluster/rebalance", true, PermCluster, s.rebalance),
 		rt("GET", "/v1/cluster/backup", false, PermCluster, s.backup),
+		rt("GET", "/v1/internal/groups/{id}/backup", false, PermCluster, s.groupBackup),
 		rt("POST", "/v1/cluster/clock/accept", false, PermCluster, s.acceptClock),
 		rt("GET", "/v1/openapi.yaml", false, PermOpen, s.openapi),
 		rt("GET", "/ui", false, PermOpen, s.console),

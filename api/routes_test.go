@@ -130,6 +130,7 @@ func TestRouteTable(t *testing.T) {
 		"GET /v1/cluster":                                   PermMonitor,
 		"POST /v1/internal/join":                            PermCluster,
 		"GET /v1/internal/status":                           PermCluster,
+		"GET /v1/internal/groups/{id}/backup":               PermCluster,
 		"PUT /v1/topics/{topic}":                            PermAdmin,
 		"DELETE /v1/topics/{topic}":                         PermAdmin,
 		"GET /v1/topics/{topic}":                            PermPublish | PermConsume | PermAdmin,

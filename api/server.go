@@ -137,27 +137,7 @@ func newServer(node Node, state State, logger *slog.Logger, opts Options) *Serve
 	s.coal.s = s
 	s.series = routeSeriesFor(table)
 	state.OnNotify(s.waiters.wake)
-	s.fwd = &fasthttp.Client{
-		// The leader routes the path as the client sent it (routes.go:
-		// match); normalized here, "dlq/..%2F..%2F..%2Fx" would reach it
-		// as another route than the one this node authorized.
-		DisablePathNormalizing: true,
-		MaxConnsPerHost:        s.connLimits.ForwardConns,
-		// A request that finds every forwarding connection busy queues for
-		// one (within its deadline) rather than failing at once.
-		MaxConnWaitTimeout: defaultTimeout,
-		ReadTimeout:        maxWait + time.Minute,
-		WriteTimeout:       30 * time.Second,
-		// Below the leader's idle timeout, so that a forward never reuses
-		// a connection the leader is closing.
-		MaxIdleConnDuration: min(10*time.Second, s.connLimits.IdleTimeout/2),
-		RetryIfErr:          func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-	}
-	if opts.TLS != nil {
-		// The request stays http://: the connection itself is mutual TLS,
-		// made with the certificates current at each dial.
-		s.fwd.DialTimeout = opts.TLS.DialTimeout
-	}
+	s.fwd = newForwardClient(s.connLimits, opts.TLS)
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		ConnState:          s.limits.connState,

@@ -220,6 +220,12 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	if err != nil {
 		return err
 	}
+	if len(out) > 0 {
+		pl := s.placement() // every topic here lives in this one group
+		for _, t := range out {
+			t.Placement = pl
+		}
+	}
 	body := map[string]any{"topics": out}
 	if next != "" {
 		body["next"] = next

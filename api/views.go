@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -34,6 +36,8 @@ type groupedNode interface {
 	Directory() *fsm.Directory
 	Drain(ctx context.Context, id string) ([]raftfsm.Move, error)
 	Rebalance(ctx context.Context) ([]raftfsm.Move, error)
+	GroupBackup(id string) (*fsm.Backup, bool, error)
+	SpoolBackup(r io.Reader, size int64) (*os.File, error)
 }
 
 // views are the node's data groups' views, made on a group's first
@@ -187,8 +191,9 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 // metadata leader, when new topics go to data groups (Options.DataGroups):
 // the topic is placed (raftfsm.Node.PlaceTopic) and the request is then
 // served by its group, once this node holds it, or by a member. handled
-// false: the topic stays in the default group (data groups are off, or
-// this is a data group's view).
+// false: the topic goes to the default group (data groups are off, this
+// is a data group's view, or the state format is below 4: a member runs
+// a binary without data groups).
 func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route, replicas *int64) (handled bool, err error) {
 	gn, ok := s.grouped()
 	if !ok || !s.opts.DataGroups {
@@ -199,8 +204,8 @@ func (s *Server) placeNewTopic(ctx *fasthttp.RequestCtx, r *route, replicas *int
 		want = int(*replicas)
 	}
 	id, err := gn.PlaceTopic(r.ctx, r.topic, want)
-	if err != nil {
-		return true, err
+	if err != nil || id == "" {
+		return err != nil, err
 	}
 	members := gn.GroupMembers(id)
 	for {
@@ -229,19 +234,19 @@ func containsID(ids []string, id string) bool {
 	return false
 }
 
-// topicState is the state that holds topic: the default group's, or its
-// data group's when this node holds a replica of it (ok false: it holds
-// none, and group names the one that does).
-func (s *Server) topicState(dir *fsm.Directory, topic string) (st State, group string, ok bool) {
+// topicServer is the server of topic's group: this one for the default
+// group, or its data group's view when this node holds a replica of it
+// (ok false: it holds none, and group names the one that does).
+func (s *Server) topicServer(dir *fsm.Directory, topic string) (sv *Server, group string, ok bool) {
 	id := dir.GroupOf(topic)
 	if id == "" {
-		return s.state, "", true
+		return s, "", true
 	}
 	v, held := s.view(id)
 	if !held {
 		return nil, id, false
 	}
-	return v.state, id, true
+	return v, id, true
 }
 
 // listTopicsGrouped is GET /v1/topics on a node whose directory places
@@ -277,14 +282,15 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.
 	}
 	out := make([]*topicStats, 0, len(names))
 	now := nowMs()
+	places := map[*Server]*placement{} // one per group, not per topic
 	for _, t := range names {
-		st, id, ok := s.topicState(dir, t)
+		sv, id, ok := s.topicServer(dir, t)
 		if !ok {
 			out = append(out, &topicStats{Name: t, Placement: &placement{Group: id, Replicas: dir.Groups[id]}})
 			continue
 		}
 		var ts *fsm.TopicStats
-		err := st.Read(func(rd *fsm.Reader) error {
+		err := sv.state.Read(func(rd *fsm.Reader) error {
 			var err error
 			ts, err = rd.TopicStats(t, now)
 			return err
@@ -295,7 +301,12 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.
 		if err != nil {
 			return err
 		}
-		out = append(out, topicJSON(ts))
+		if places[sv] == nil {
+			places[sv] = sv.placement()
+		}
+		js := topicJSON(ts)
+		js.Placement = places[sv]
+		out = append(out, js)
 	}
 	body := map[string]any{"topics": out}
 	if next != "" {

@@ -12,6 +12,9 @@ import (
 func dispatch(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Result, error) {
 	switch c.Op {
 	case command.OpPutTopic:
+		if err := checkNotPlaced(tx, c.Topic); err != nil {
+			return nil, err
+		}
 		ev.ConfigChanged = true
 		created, err := mlog.PutTopic(tx, c.Topic, c.Patch)
 		return &Result{Created: created}, err

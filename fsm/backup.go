@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -115,4 +116,103 @@ func PrepareState(path string, term uint64) (uint64, error) {
 		return 0, fmt.Errorf("restore: %w", err)
 	}
 	return index, nil
+}
+
+// StateTopics lists the topics the state file at path holds (a restore
+// places a data group's topics in it by what its own state holds).
+func StateTopics(path string) ([]string, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w: %w", ErrNotBackup, err)
+	}
+	defer db.Close()
+	var out []string
+	err = db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bktMeta) == nil {
+			return fmt.Errorf("%w: no meta bucket", ErrNotBackup)
+		}
+		mlog.EachTopicAfter(tx, "", func(name string) bool {
+			out = append(out, name)
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	return out, nil
+}
+
+// RestoredGroup is a data group as RestoreDirectory records it: the
+// topics its own state holds, and how many members it had.
+type RestoredGroup struct {
+	Topics []string
+	Want   int
+}
+
+// RestoreDirectory rewrites the directory of the metadata state at path
+// (after PrepareState) for a restored one-node cluster: each data group of
+// groups gets the one member id, as a group that never moved, and, when it
+// had more, the count to grow back to (Directory.Want, which a rebalance
+// fills once nodes have joined); a group the directory records but groups
+// lacks is dropped with its placements; and every topic of groups is
+// placed in its group, so that a topic created in a data group after the
+// metadata's copy was taken is found all the same. The file must be a
+// metadata state: one with a directory.
+func RestoreDirectory(path, id string, groups map[string]RestoredGroup) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
+	if err != nil {
+		return fmt.Errorf("restore: %w: %w", ErrNotBackup, err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		old := tx.Bucket(bktDirectory)
+		if old == nil {
+			return fmt.Errorf("%w: the metadata state has no directory of data groups", ErrNotBackup)
+		}
+		keep := map[string]string{} // topic → group, of the groups restored
+		err := old.ForEach(func(k, v []byte) error {
+			if len(k) > 1 && k[0] == 't' {
+				if _, ok := groups[string(v)]; ok {
+					keep[string(k[1:])] = string(v)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for g, rg := range groups {
+			for _, t := range rg.Topics {
+				keep[t] = g
+			}
+		}
+		if err := tx.DeleteBucket(bktDirectory); err != nil {
+			return err
+		}
+		b, err := tx.CreateBucket(bktDirectory)
+		if err != nil {
+			return err
+		}
+		for g, rg := range groups {
+			if err := b.Put(append([]byte{'g'}, g...), encodeMembers(0, []string{id})); err != nil {
+				return err
+			}
+			if rg.Want > 1 {
+				if err := b.Put(append([]byte{'w'}, g...), binary.BigEndian.AppendUint64(nil, uint64(rg.Want))); err != nil {
+					return err
+				}
+			}
+		}
+		for t, g := range keep {
+			if err := b.Put(append([]byte{'t'}, t...), []byte(g)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return db.Sync()
 }

@@ -1,8 +1,8 @@
 package fsm
 
 import (
+	"encoding/binary"
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/mqd/mqd/command"
@@ -20,7 +20,9 @@ import (
 //
 // Keys of bucket "directory": "g" + group id → its generation (0 when
 // created, one more at each OpSetMembers) and the members' ids (the first
-// the one that should lead); "t" + topic → group id.
+// the one that should lead); "t" + topic → group id; "w" + group id → the
+// number of members the group should grow back to (8 bytes), written only
+// by a restore (RestoreDirectory), which leaves each group one member.
 
 // DirectoryFormat is the state format from which OpCreateGroup and
 // OpPlaceTopic are applied.
@@ -35,6 +37,13 @@ var (
 	// ErrGroupMembers: a data group was recorded again with other
 	// members, or with none.
 	ErrGroupMembers = refusal.New(409, "group_members", "a data group's members are fixed when it is created and cannot be empty")
+	// ErrTopicPlaced: the metadata group was to create, in its own state,
+	// a topic its directory places in a data group. Two creations of one
+	// name raced with the raise to format 4: one was sent to the default
+	// group before it, the other placed the topic after it. Retried, the
+	// request goes to the data group.
+	ErrTopicPlaced = refusal.New(503, "topic_placed",
+		"the topic was placed in a data group while this request was creating it in the default group; retry")
 )
 
 // Directory is the directory as of some applied index: a value the caller
@@ -51,6 +60,9 @@ type Directory struct {
 	Moved map[string]bool
 	// Topics: topic → data group id, for the topics placed in one.
 	Topics map[string]string
+	// Want: data group id → the members it should have, for a group a
+	// restore left with fewer than it had (a rebalance adds them).
+	Want map[string]int
 }
 
 // GroupOf is the data group topic lives in, or "" for the default group.
@@ -82,7 +94,7 @@ func (f *FSM) Directory() *Directory {
 	if c := f.dir.Load(); c != nil && c.gen == gen {
 		return c.dir
 	}
-	d := &Directory{Groups: map[string][]string{}, Moved: map[string]bool{}, Topics: map[string]string{}}
+	d := &Directory{Groups: map[string][]string{}, Moved: map[string]bool{}, Topics: map[string]string{}, Want: map[string]int{}}
 	_ = f.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bktDirectory)
 		if b == nil {
@@ -102,6 +114,10 @@ func (f *FSM) Directory() *Directory {
 				}
 			case 't':
 				d.Topics[string(k[1:])] = string(v)
+			case 'w':
+				if len(v) == 8 {
+					d.Want[string(k[1:])] = int(binary.BigEndian.Uint64(v))
+				}
 			}
 			return nil
 		})
@@ -196,8 +212,9 @@ func applySetMembers(tx *bolt.Tx, c *command.Command, ev *Events) error {
 }
 
 // applyPlaceTopic places c.Topic in data group c.Group, unless the topic
-// is placed already: a topic never moves between groups, so the result
-// names the group it is in (Result.Group).
+// is placed already, or exists in this (the default) group: a topic never
+// moves between groups, so the result names the group it is in
+// (Result.Group, "" for the default group).
 func applyPlaceTopic(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, error) {
 	if ev.format < DirectoryFormat {
 		return nil, fmt.Errorf("%w (it is %d; data groups need %d)", ErrFormatTooOld, ev.format, DirectoryFormat)
@@ -210,11 +227,23 @@ func applyPlaceTopic(tx *bolt.Tx, c *command.Command, ev *Events) (*Result, erro
 	if v := b.Get(key); v != nil {
 		return &Result{Group: string(v)}, nil
 	}
+	if _, err := mlog.TopicBucket(tx, c.Topic); err == nil {
+		return &Result{}, nil // created here before the raise to format 4
+	}
 	ev.DirectoryChanged = true
 	return &Result{Group: c.Group, Created: true}, b.Put(key, []byte(c.Group))
 }
 
-// Clone returns a copy of d the caller may change.
-func (d *Directory) Clone() *Directory {
-	return &Directory{Groups: maps.Clone(d.Groups), Moved: maps.Clone(d.Moved), Topics: maps.Clone(d.Topics)}
+// checkNotPlaced refuses the creation of topic in this state when the
+// directory places it in a data group (ErrTopicPlaced). Only the metadata
+// group's state has a directory; a data group's has none.
+func checkNotPlaced(tx *bolt.Tx, topic string) error {
+	b := tx.Bucket(bktDirectory)
+	if b == nil || b.Get(append([]byte{'t'}, topic...)) == nil {
+		return nil
+	}
+	if _, err := mlog.TopicBucket(tx, topic); err == nil {
+		return nil // an update: a topic held here is never placed (applyPlaceTopic)
+	}
+	return fmt.Errorf("%w: %s", ErrTopicPlaced, topic)
 }

@@ -40,9 +40,9 @@ func TestPrepareRestoreSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "new")
-	index, err := PrepareRestore(dir, bytes.NewReader(backup), "r1", "127.0.0.1:9")
-	if err != nil || index != 42 {
-		t.Fatalf("PrepareRestore: %d, %v; want 42", index, err)
+	res, err := PrepareRestore(dir, bytes.NewReader(backup), "r1", "127.0.0.1:9")
+	if err != nil || res.Index != 42 || len(res.Groups) != 0 {
+		t.Fatalf("PrepareRestore: %+v, %v; want index 42 and no data group", res, err)
 	}
 	store, err := raft.NewFileSnapshotStore(filepath.Join(dir, "snapshots"), 2, os.Stderr)
 	if err != nil {

@@ -53,6 +53,7 @@ func (n *Node) checkJoiner(ctx context.Context, info command.NodeInfo) error {
 type formatProbe struct {
 	max   int  // the highest state format the member's binary reads; 0 from a binary older than formats
 	fresh bool // a successful answer within probeStale
+	known bool // max is from an answer, however old (the member may be down since)
 }
 
 // formatRaise says whether the leader may raise the state from format cur
@@ -82,9 +83,23 @@ func (n *Node) formatProbes(now time.Time) map[string]formatProbe {
 	defer n.peers.mu.Unlock()
 	out := make(map[string]formatProbe, len(n.peers.views))
 	for id, v := range n.peers.views {
-		out[id] = formatProbe{max: v.status.StateFormatMax, fresh: v.answered(now)}
+		out[id] = formatProbe{max: v.status.StateFormatMax, fresh: v.answered(now), known: !v.lastOK.IsZero()}
 	}
 	return out
+}
+
+// olderMember is a member other than self whose latest answer, however
+// old, said its binary reads less than format want, or "": while one runs
+// (or was last seen running) such a binary, the state cannot reach want,
+// so nothing should wait for it (a rolling upgrade under way).
+func olderMember(want int, self string, members []raft.Server, probes map[string]formatProbe) string {
+	for _, s := range members {
+		id := string(s.ID)
+		if p, ok := probes[id]; ok && id != self && p.known && p.max < want {
+			return id
+		}
+	}
+	return ""
 }
 
 // formatLagging lists the members other than self whose fresh probe says

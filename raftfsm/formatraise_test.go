@@ -52,12 +52,36 @@ func TestFormatProbes(t *testing.T) {
 		"old":    {status: Status{}, lastOK: now},
 		"never":  {failed: true},
 	}
-	want := map[string]formatProbe{"fresh": {2, true}, "stale": {2, false}, "failed": {2, false},
-		"old": {0, true}, "never": {0, false}}
+	want := map[string]formatProbe{"fresh": {2, true, true}, "stale": {2, false, true}, "failed": {2, false, true},
+		"old": {0, true, true}, "never": {0, false, false}}
 	got := n.formatProbes(now)
 	for id, w := range want {
 		if got[id] != w {
 			t.Errorf("%s: %+v, want %+v", id, got[id], w)
+		}
+	}
+}
+
+// A member whose latest answer, however old, says its binary reads less
+// than the format wanted is named (placement does not wait for a raise
+// that cannot come); self, members never heard from and non-members are
+// not.
+func TestOlderMember(t *testing.T) {
+	members := []raft.Server{{ID: "n1"}, {ID: "n2"}, {ID: "n3", Suffrage: raft.Nonvoter}}
+	for _, c := range []struct {
+		name   string
+		probes map[string]formatProbe
+		want   string
+	}{
+		{"all read it", map[string]formatProbe{"n2": {4, true, true}, "n3": {4, false, true}}, ""},
+		{"an old member", map[string]formatProbe{"n2": {4, true, true}, "n3": {3, true, true}}, "n3"},
+		{"an old member, down since", map[string]formatProbe{"n2": {3, false, true}, "n3": {4, true, true}}, "n2"},
+		{"a binary older than formats", map[string]formatProbe{"n2": {0, true, true}}, "n2"},
+		{"never heard from", map[string]formatProbe{"n2": {0, false, false}}, ""},
+		{"self and non-members", map[string]formatProbe{"n1": {0, true, true}, "n9": {0, true, true}}, ""},
+	} {
+		if got := olderMember(4, "n1", members, c.probes); got != c.want {
+			t.Errorf("%s: olderMember = %q, want %q", c.name, got, c.want)
 		}
 	}
 }

@@ -241,9 +241,11 @@ func (n *Node) replaceMember(ctx context.Context, id string, gone bool) ([]Move,
 }
 
 // Rebalance evens out replicas and preferred leaders over the current
-// voters (on the metadata leader): while one voter holds two replicas more
-// than another, a replica moves from the most to the least loaded (a group
-// that has the one and not the other); then, while one voter is the
+// voters (on the metadata leader): first a group a restore left with fewer
+// members than it had (Directory.Want) gets the least loaded voters it
+// lacks, as many as there are; then, while one voter holds two replicas
+// more than another, a replica moves from the most to the least loaded (a
+// group that has the one and not the other); then, while one voter is the
 // preferred leader of two groups more than another, a group whose members
 // include the other makes it its first.
 func (n *Node) Rebalance(ctx context.Context) ([]Move, error) {
@@ -259,13 +261,38 @@ func (n *Node) Rebalance(ctx context.Context) ([]Move, error) {
 	for id, ms := range dir.Groups {
 		groups[id] = slices.Clone(ms)
 	}
-	moves := planRebalance(groups, voters)
+	moves := planGrowth(groups, voters, dir.Want)
+	moves = append(moves, planRebalance(groups, voters)...)
 	for _, m := range moves {
 		if err := n.setMembers(ctx, m.Group, groups[m.Group]); err != nil {
 			return nil, err
 		}
 	}
 	return moves, nil
+}
+
+// planGrowth adds to each group with fewer members than want names (and
+// than there are voters) the least loaded voters it lacks (ties: the
+// lowest id), in place, and answers the additions (moves without From).
+func planGrowth(groups map[string][]string, voters []string, want map[string]int) []Move {
+	var moves []Move
+	for _, gid := range sortedKeys(groups) {
+		for len(groups[gid]) < min(want[gid], len(voters)) {
+			load := memberLoad(groups, voters)
+			to := ""
+			for _, v := range voters {
+				if !slices.Contains(groups[gid], v) && (to == "" || load[v] < load[to]) {
+					to = v
+				}
+			}
+			if to == "" {
+				break
+			}
+			groups[gid] = append(groups[gid], to)
+			moves = append(moves, Move{Group: gid, To: to, Leader: groups[gid][0]})
+		}
+	}
+	return moves
 }
 
 // planRebalance changes groups in place as Rebalance describes and answers

@@ -11,14 +11,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
-	"github.com/mqd/mqd/internal/refusal"
 	"github.com/mqd/mqd/replica"
 )
-
-// ErrBackupDataGroups: a backup copies the default group's state only;
-// with data groups it would miss their topics, so it is refused.
-var ErrBackupDataGroups = refusal.New(409, "backup_data_groups",
-	"the cluster has data groups (--data-groups), whose topics a backup of the default group's state would miss; backups of data groups are not built yet")
 
 // DefaultReplicas is the number of replicas of a topic placed in a data
 // group (SPEC section 12), or every node when the cluster has fewer.
@@ -35,6 +29,12 @@ const formatWait = 3 * time.Second
 // (every topic of a cluster made before data groups) are not placed: the
 // caller checks that first.
 //
+// It answers "" (the default group, where the caller creates the topic as
+// a binary without data groups would, rather than refuse it) while the
+// state format is below 4 (fsm.DirectoryFormat: a member runs such a
+// binary, as in a rolling upgrade), and for a topic the default group
+// created meanwhile (fsm's applyPlaceTopic).
+//
 // replicas is the topic's replica count (1, 3 or 5; every voter when the
 // cluster has fewer).
 func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (string, error) {
@@ -45,18 +45,14 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (stri
 	if g := dir.GroupOf(topic); g != "" {
 		return g, nil
 	}
-	// A new cluster's leader raises the format within about a second of
-	// leading (formatraise.go): wait for it that long, not longer (a
-	// member on an older binary keeps it down).
-	for wait := time.Now().Add(formatWait); n.FSM.StateFormat() < fsm.DirectoryFormat; {
-		if time.Now().After(wait) || replica.Pause(ctx, 20*time.Millisecond) != nil {
-			return "", fmt.Errorf("%w (it is %d; data groups need %d)", fsm.ErrFormatTooOld, n.FSM.StateFormat(), fsm.DirectoryFormat)
-		}
-	}
 	servers, err := n.Servers()
 	if err != nil {
 		return "", err
 	}
+	if ok, err := n.directoryFormat(ctx, servers); !ok {
+		return "", err
+	}
+	dir = n.FSM.Directory()
 	var voters []string
 	for _, s := range servers {
 		if s.Suffrage == raft.Voter {
@@ -77,18 +73,51 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (stri
 	return res.Group, nil
 }
 
-// choosePlacement picks the data group of a new topic: of the replica sets
-// {v[i], v[i+1], …, v[i+r−1]} (mod the sorted voters, the first the one
-// to lead), the one whose group holds the fewest topics (a set without a
-// group holds none; ties: the lowest i). So at most one group per voter
-// and replica count exists, each preferring another leader, and topics
-// spread evenly over them whatever their number. It answers the group's
-// id, its members, and whether it must be created.
+// directoryFormat reports whether the state is in a format with the
+// directory of data groups. A new cluster's leader raises the format
+// within about a second of leading (formatraise.go): it waits for that up
+// to formatWait, but not while a member is known to run a binary that
+// reads less (members), for whom the raise cannot come.
+func (n *Node) directoryFormat(ctx context.Context, members []raft.Server) (bool, error) {
+	for wait := time.Now().Add(formatWait); n.FSM.StateFormat() < fsm.DirectoryFormat; {
+		if time.Now().After(wait) || olderMember(fsm.DirectoryFormat, n.cfg.ID, members, n.formatProbes(time.Now())) != "" {
+			return false, nil
+		}
+		if replica.Pause(ctx, 20*time.Millisecond) != nil {
+			return false, fmt.Errorf("%w (it is %d; data groups need %d): the request's deadline passed waiting for it",
+				fsm.ErrFormatTooOld, n.FSM.StateFormat(), fsm.DirectoryFormat)
+		}
+	}
+	return true, nil
+}
+
+// choosePlacement picks the data group of a new topic among the replica
+// sets {v[i], v[i+1], …, v[i+r−1]} (mod the sorted voters, the first the
+// one to lead), so at most one group per voter and replica count exists,
+// each preferring another leader, whatever the number of topics. Of those
+// sets it takes, in this order: the one whose first member leads the
+// fewest placed topics (leaders spread), then the one whose busiest member
+// would hold the fewest, then the fewest held by its members in all (the
+// replicas spread: on five nodes, three topics of three replicas hold two
+// topics on the busiest node rather than three), then the set whose group
+// holds the fewest topics (a set without a group holds none), then the
+// lowest i. It answers the group's id, its members, and whether it must be
+// created.
 func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, members []string, create bool) {
 	voters = slices.Sorted(slices.Values(voters))
 	r = min(r, len(voters))
 	counts := dir.Counts()
-	best, bestCount := -1, 0
+	held, led := map[string]int{}, map[string]int{}
+	for _, g := range dir.Topics {
+		ms := dir.Groups[g]
+		for _, m := range ms {
+			held[m]++
+		}
+		if len(ms) > 0 {
+			led[ms[0]]++
+		}
+	}
+	var best []int // the score of the best set so far, compared in order
 	var bestID string
 	var bestMembers []string
 	for i := range voters {
@@ -96,22 +125,32 @@ func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, mem
 		for j := range set {
 			set[j] = voters[(i+j)%len(voters)]
 		}
-		gid := ""
-		for g, ms := range dir.Groups {
-			if slices.Equal(ms, set) {
-				gid = g
-				break
-			}
+		gid := groupWithMembers(dir, set)
+		busiest, sum := 0, 0
+		for _, m := range set {
+			busiest = max(busiest, held[m]+1)
+			sum += held[m]
 		}
-		c := counts[gid] // 0 for a set without a group
-		if best < 0 || c < bestCount {
-			best, bestCount, bestID, bestMembers = i, c, gid, set
+		score := []int{led[set[0]], busiest, sum, counts[gid]} // counts[""] is 0
+		if best == nil || slices.Compare(score, best) < 0 {
+			best, bestID, bestMembers = score, gid, set
 		}
 	}
 	if bestID != "" {
 		return bestID, bestMembers, false
 	}
 	return nextGroupID(dir), bestMembers, true
+}
+
+// groupWithMembers is the data group whose members are set, in that
+// order, or "".
+func groupWithMembers(dir *fsm.Directory, set []string) string {
+	for _, g := range sortedKeys(dir.Groups) {
+		if slices.Equal(dir.Groups[g], set) {
+			return g
+		}
+	}
+	return ""
 }
 
 // nextGroupID is "g" and one more than the highest number of a group

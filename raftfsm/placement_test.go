@@ -1,9 +1,16 @@
 package raftfsm
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/raft"
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
 )
 
@@ -45,6 +52,28 @@ func TestChoosePlacement(t *testing.T) {
 	}
 	if len(dir.Groups) != 5 || !slices.Equal(dir.Groups["g5"], []string{"e", "a", "b"}) {
 		t.Fatalf("five voters: %v", dir.Groups)
+	}
+	// Five voters, three topics of three replicas: the replicas spread,
+	// so no node holds all three topics (consecutive sets would put the
+	// middle voter in every group) and each topic has its own leader.
+	dir3 := &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}}
+	held, lead := map[string]int{}, map[string]int{}
+	for i := range 3 {
+		id, members, _ := choosePlacement([]string{"a", "b", "c", "d", "e"}, DefaultReplicas, dir3)
+		dir3.Groups[id] = members
+		dir3.Topics[string(rune('a'+i))] = id
+		for _, m := range members {
+			held[m]++
+		}
+		lead[members[0]]++
+	}
+	for n, k := range held {
+		if k > 2 {
+			t.Fatalf("five voters, three topics: %s holds %d (%v), want at most 2", n, k, dir3.Groups)
+		}
+	}
+	if len(lead) != 3 {
+		t.Fatalf("five voters, three topics: preferred leaders %v, want three nodes", lead)
 	}
 	// Replica counts side by side: a topic of 1 or 5 replicas goes to a
 	// group of that size, never to one of another.
@@ -91,5 +120,71 @@ func TestPlanRebalance(t *testing.T) {
 	}
 	if again := planRebalance(groups, voters); len(again) != 0 {
 		t.Fatalf("a balanced cluster planned %v", again)
+	}
+}
+
+// Placement needs state format 4. Below it, it does not wait while a
+// member's last answer says it reads less (a rolling upgrade: the caller
+// creates the topic in the default group); otherwise it waits for the raise
+// within the request's deadline; at format 4 it places.
+func TestDirectoryFormat(t *testing.T) {
+	f, err := fsm.OpenFSM(filepath.Join(t.TempDir(), "fsm.db"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := &Node{FSM: f, cfg: Config{ID: "n1"}}
+	members := []raft.Server{{ID: "n1"}, {ID: "n2"}, {ID: "n3"}}
+	now := time.Now()
+	n.peers.views = map[string]*peerView{
+		"n2": {status: Status{StateFormatMax: 3}, lastOK: now.Add(-time.Minute), failed: true}, // 0.2.0, down since
+		"n3": {status: Status{StateFormatMax: fsm.StateFormat}, lastOK: now},
+	}
+	start := time.Now()
+	if ok, err := n.directoryFormat(context.Background(), members); ok || err != nil || time.Since(start) > time.Second {
+		t.Fatalf("with a member on 0.2.0: %v, %v after %v; want false, nil at once", ok, err, time.Since(start))
+	}
+	n.peers.views["n2"] = &peerView{status: Status{StateFormatMax: fsm.StateFormat}, lastOK: now}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if ok, err := n.directoryFormat(ctx, members); ok || !errors.Is(err, fsm.ErrFormatTooOld) {
+		t.Fatalf("every member reads format 4, not raised yet, deadline passed: %v, %v; want false, ErrFormatTooOld", ok, err)
+	}
+	raise := &command.Command{Op: command.OpSetFormat, Now: 1, Format: fsm.DirectoryFormat}
+	if r, _ := f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: raise.Encode()}).(*fsm.Result); r == nil || r.Err != nil {
+		t.Fatalf("raise: %+v", r)
+	}
+	if ok, err := n.directoryFormat(context.Background(), members); !ok || err != nil {
+		t.Fatalf("in format 4: %v, %v; want true", ok, err)
+	}
+}
+
+// A restore leaves each data group one member: once nodes have joined, a
+// rebalance grows each back to the members it had (want), on the least
+// loaded voters, no further than the voters there are; a group without
+// want, or one at it, gets nothing; a grown cluster plans nothing more.
+func TestPlanGrowth(t *testing.T) {
+	groups := map[string][]string{"g1": {"r1"}, "g2": {"r1"}, "g3": {"r1"}, "g4": {"r1"}, "g5": {"r1"}}
+	want := map[string]int{"g1": 3, "g2": 3, "g3": 3, "g5": 5}
+	voters := []string{"r1", "r2", "r3"}
+	moves := planGrowth(groups, voters, want)
+	for _, id := range []string{"g1", "g2", "g3", "g5"} {
+		if ms := groups[id]; len(ms) != 3 || ms[0] != "r1" || len(slices.Compact(slices.Sorted(slices.Values(ms)))) != 3 {
+			t.Errorf("group %s after %v: members %v, want r1 first and three distinct", id, moves, ms)
+		}
+	}
+	if ms := groups["g4"]; !slices.Equal(ms, []string{"r1"}) {
+		t.Errorf("g4 (no want) grew to %v", ms)
+	}
+	if len(moves) != 8 {
+		t.Errorf("moves %v, want 8 additions", moves)
+	}
+	for _, m := range moves {
+		if m.From != "" || m.To == "" {
+			t.Errorf("move %+v: an addition has a To and no From", m)
+		}
+	}
+	if again := planGrowth(groups, voters, want); len(again) != 0 {
+		t.Errorf("a grown cluster planned %v", again)
 	}
 }

@@ -54,6 +54,7 @@ func authMatrix() []authCase {
 		{"POST", "/v1/internal/forward", nil, "ops", "node", 400}, // an empty body
 		{"DELETE", "/v1/cluster/nodes/nope", nil, "ops", "node", 404},
 		{"GET", "/v1/cluster/backup", nil, "ops", "node", 200},
+		{"GET", "/v1/internal/groups/g1/backup", nil, "ops", "node", 404}, // no data groups here
 		{"POST", "/v1/cluster/clock/accept", nil, "ops", "node", 200},
 		{"POST", "/v1/cluster/nodes/nope/drain", nil, "ops", "node", 404}, // node_not_found
 		{"POST", "/v1/cluster/rebalance", nil, "ops", "node", 200},        // nothing to move: {"moves":[]}

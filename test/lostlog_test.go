@@ -289,6 +289,14 @@ func compareStates(t *testing.T, c *tc.Cluster) {
 	t.Helper()
 	nodes := c.Nodes()
 	waitSameApplied(t, nodes...)
+	compareStateFiles(t, nodes, "fsm.db")
+}
+
+// compareStateFiles compares the state file at rel (under each node's
+// data dir; "groups/<id>/fsm.db" for a data group) on nodes, copied while
+// they are frozen, until the copies were taken at one applied index.
+func compareStateFiles(t *testing.T, nodes []*tc.Node, rel string) {
+	t.Helper()
 	dir := t.TempDir()
 	var applied []uint64
 	for attempt := range 20 {
@@ -301,7 +309,7 @@ func compareStates(t *testing.T, c *tc.Cluster) {
 		}
 		for i, n := range nodes {
 			paths[i] = filepath.Join(dir, fmt.Sprintf("%s-%d.db", n.ID(), attempt))
-			err := os.WriteFile(paths[i], mustRead(t, filepath.Join(n.DataDir(), "fsm.db")), 0o600)
+			err := os.WriteFile(paths[i], mustRead(t, filepath.Join(n.DataDir(), rel)), 0o600)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -323,11 +331,11 @@ func compareStates(t *testing.T, c *tc.Cluster) {
 			continue
 		}
 		if diff := diffStates(states); len(diff) > 0 {
-			t.Errorf("replicas at applied index %d differ in %d keys, e.g. %v", applied[0], len(diff), diff[:min(5, len(diff))])
+			t.Errorf("replicas of %s at applied index %d differ in %d keys, e.g. %v", rel, applied[0], len(diff), diff[:min(5, len(diff))])
 		}
 		return
 	}
-	t.Fatalf("the nodes' states were never copied at one applied index (last %v)", applied)
+	t.Fatalf("the nodes' %s were never copied at one applied index (last %v)", rel, applied)
 }
 
 // diffStates lists the keys whose values are not the same in every state.

@@ -2,8 +2,10 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -242,5 +244,273 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 	st, _, err := rtStats(ctx, l, topic, group)
 	if err != nil || st.Acked != int64(total) || st.InFlight != 0 || st.Backlog != 0 {
 		t.Fatalf("stats at the end: %+v (%v); want acked %d, nothing in flight or waiting", st, err, total)
+	}
+}
+
+// previousRelease is release v0.2.0 (docs/releases/v0.2.0.md), the last
+// before data groups: it reads state formats up to 3 and knows one raft
+// group.
+const previousRelease = "97a38aa"
+
+// A rolling upgrade from the previous release into data groups, with
+// traffic running through it (issue 22 item 6), the way docs/operations.md
+// tells operators: each node stopped gracefully, started on this binary
+// with --data-groups, and ready before the next. While a member runs the
+// old binary the state format stays 3, whichever binary leads, and a topic
+// created meanwhile goes to the default group as the old release would put
+// it (at once, also while that member is down for its upgrade), never
+// answered 503. Once the last member runs this binary the
+// format rises to 4: topics made before keep their place in the default
+// group and every promise (a key published before the upgrade is a
+// duplicate after it, leases the old binary granted are acked), and new
+// topics go to data groups led by different nodes. Every acknowledged
+// publish is consumed and acked exactly once, and replicas agree.
+func TestRollingUpgradeIntoDataGroups(t *testing.T) {
+	t.Parallel()
+	old := tc.BuildAt(t, previousRelease)
+	c := tc.Start(t, 3, tc.WithBinary(old))
+	ctx := ctxFor(t, 170*time.Second)
+	nodes := c.Nodes()
+	leader, followers := mustRoles(t, c)
+	format := func(n *tc.Node) int {
+		t.Helper()
+		st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.StateFormat
+	}
+	formatIs := func(want int, when string) {
+		t.Helper()
+		for _, n := range nodes {
+			if _, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", want), func(st nodeStatus) bool { return st.StateFormat == want }); err != nil {
+				t.Fatalf("%s: %v", when, err)
+			}
+		}
+	}
+	stillOld := func(when string) {
+		t.Helper()
+		for _, n := range nodes {
+			if f := format(n); f != 3 {
+				t.Fatalf("%s: %s has state_format %d with a member on the old binary, want 3", when, n, f)
+			}
+		}
+	}
+	stop := func(n *tc.Node) {
+		t.Helper()
+		if err := n.Stop(); err != nil {
+			t.Fatalf("graceful stop of %s: %v", n, err)
+		}
+	}
+	startNew := func(n *tc.Node) {
+		t.Helper()
+		n.SetBinary("") // this repository's binary
+		n.SetArgs(append(n.Args(), "--data-groups"))
+		n.Restart()
+		if err := n.WaitReady(ctx); err != nil {
+			t.Fatalf("%s after its upgrade: %v", n, err)
+		}
+	}
+	upgrade := func(n *tc.Node) {
+		t.Helper()
+		stop(n)
+		startNew(n)
+	}
+	// create creates a topic through via, again after no answer or a 503
+	// (a PUT may be repeated), but for 503 state_format_too_old (a rolling
+	// upgrade must not refuse creations) and for a forward whose
+	// connection was closed before the answer: no node stops while a
+	// topic is created here, so that is a forward sent on a pooled
+	// connection of a process that stopped since (api/fwdconn.go).
+	create := func(via *tc.Node, topic string) {
+		t.Helper()
+		for try := 0; ; try++ {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			r, err := via.PutTopic(rctx, topic, map[string]any{"partitions": 2})
+			cancel()
+			var se *tc.StatusError
+			switch {
+			case err == nil && (r.Status == http.StatusCreated || try > 0 && r.Status == http.StatusOK):
+				return
+			case err == nil:
+				t.Fatalf("create topic %s via %s: %d %s, want 201", topic, via, r.Status, r.Body)
+			case errors.As(err, &se) && (se.Code == "state_format_too_old" || retryReason(err) == "503 unavailable (connection closed)"),
+				!retryable(err), ctx.Err() != nil:
+				t.Fatalf("create topic %s via %s: %v", topic, via, err)
+			}
+			t.Logf("create topic %s via %s: %v; again", topic, via, err)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	inDefault := func(via *tc.Node, topics ...string) {
+		t.Helper()
+		for _, tp := range topics {
+			if g, _, _, err := topicPlacement(ctx, via, tp); err != nil || g != "" {
+				t.Fatalf("topic %s via %s: group %q (%v), want the default group", tp, via, g, err)
+			}
+		}
+	}
+
+	// All on the previous release, in its newest format: a topic with
+	// leases the old binary grants (half acked by it), and traffic.
+	formatIs(3, "the previous release")
+	mustTopic(t, leader, "pre", map[string]any{"partitions": 2})
+	mustTopic(t, leader, "pre-held", map[string]any{"partitions": 2, "ack_timeout_ms": 300000})
+	var heldValues []string
+	var batch []map[string]any
+	for i := range 40 {
+		v := fmt.Sprintf("held-%02d", i)
+		heldValues = append(heldValues, v)
+		batch = append(batch, map[string]any{"value": v, "idempotency_key": v})
+	}
+	rtPublishBatch(t, leader, "pre-held", batch)
+	heldAcks := map[string]int{}
+	ackHeld := func(via *tc.Node, msgs []tc.Message, what string) {
+		t.Helper()
+		for len(msgs) > 0 {
+			k := min(len(msgs), 100)
+			res, _, err := via.Ack(ctx, "pre-held", "held", rtReceipts(msgs[:k]))
+			if err != nil || len(res) != k {
+				t.Fatalf("ack of %s via %s: %d results for %d receipts, %v", what, via, len(res), k, err)
+			}
+			for i, r := range res {
+				if r.Status != "ok" {
+					t.Fatalf("ack of %s via %s: %s answered %q, want ok", what, via, mustValue(msgs[i]), r.Status)
+				}
+				heldAcks[string(mustValue(msgs[i]))]++
+			}
+			msgs = msgs[k:]
+		}
+	}
+	held := rtFetchN(t, followers[0], "pre-held", "held", 20, 10*time.Second, 300000)
+	ackHeld(followers[1], held[:10], "leases of the old binary, by it")
+	heldOld := held[10:]
+
+	tr := startRollTraffic(ctx, t, nodes, "pre")
+	tr.waitProgress("on the previous release", 20, "pre")
+	preKeys := tr.someResults("pre", 6) // published before any upgrade
+
+	// The followers first. With an old leader the state stays in format
+	// 3, and a topic created through an upgraded node is the old leader's
+	// to create: in the default group.
+	upgrade(followers[0])
+	tr.waitProgress("after the first upgrade", 10, "pre")
+	stillOld("one member upgraded")
+	create(followers[0], "mid-a")
+	inDefault(followers[0], "mid-a")
+	tr.add("mid-a")
+
+	// An upgraded node leads while both other members run the old
+	// binary (the old leader hands off to it while the other is paused,
+	// then comes back on its old binary): it keeps format 3, and the
+	// topic it creates goes to the default group at once.
+	newLeader := followers[0]
+	followers[1].Pause()
+	handOffTo(ctx, t, leader, newLeader, followers[1], 15*time.Second)
+	leader.Restart()
+	if err := leader.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := mustLeader(t, c); l != newLeader {
+		t.Fatalf("leader %s, want the upgraded %s", l, newLeader)
+	}
+	if _, err := waitView(ctx, newLeader, "every member probed, the old ones reading format 3", func(ci tc.ClusterInfo) bool {
+		seen := 0
+		for _, x := range ci.Nodes {
+			want := 3
+			if x.ID == newLeader.ID() {
+				want = fsm.StateFormat
+			}
+			if x.LastContactMs >= 0 && x.StateFormatMax == want {
+				seen++
+			}
+		}
+		return len(ci.Nodes) == 3 && seen == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	createAtOnce := func(via *tc.Node, topic string) {
+		t.Helper()
+		start := time.Now()
+		create(via, topic)
+		if d := time.Since(start); d >= 3*time.Second {
+			t.Errorf("creating %s with an old member took %v: placement waited for a format that cannot come", topic, d)
+		}
+	}
+	createAtOnce(followers[1], "mid-b")
+	inDefault(newLeader, "mid-b")
+	tr.add("mid-b")
+	tr.waitProgress("with an upgraded leader", 10, "pre", "mid-a", "mid-b")
+	stillOld("an upgraded leader, two old members")
+
+	// The other two, one by one. While the last old member is down for
+	// its upgrade, a new topic still goes to the default group at once
+	// (the leader last heard it reads format 3).
+	upgrade(followers[1])
+	tr.waitProgress("after the second upgrade", 10, "pre", "mid-b")
+	stillOld("two members upgraded")
+	stop(leader)
+	createAtOnce(followers[1], "mid-c")
+	inDefault(newLeader, "mid-c")
+	tr.add("mid-c")
+	startNew(leader)
+
+	// Every member runs this binary: the format rises to 4 everywhere.
+	// The topics made before stay in the default group; new ones go to
+	// data groups led by three different nodes.
+	formatIs(fsm.StateFormat, "every member upgraded")
+	inDefault(nodes[2], "pre", "pre-held", "mid-a", "mid-b", "mid-c")
+	post := []string{"post-a", "post-b", "post-c"}
+	for i, tp := range post {
+		create(nodes[i], tp)
+	}
+	waitSpread(t, nodes[0], post)
+	tr.add(post...)
+
+	// A key published before the upgrade is a duplicate of its first
+	// publish, through every node.
+	for v, first := range preKeys {
+		for _, n := range nodes {
+			pr, _, err := n.Publish(ctx, "pre", []byte(v), map[string]string{"Idempotency-Key": v})
+			if err != nil || !pr.Duplicate || pr.Partition != first.Partition || pr.Offset != first.Offset {
+				t.Fatalf("key %s via %s after the upgrade: %+v %v, want a duplicate of %+v", v, n, pr, err, first)
+			}
+		}
+	}
+	// Leases the old binary granted are acked by the new one.
+	ackHeld(nodes[1], heldOld, "leases of the old binary, by this one")
+	tr.waitProgress("after the upgrade", 20, append([]string{"pre", "mid-a", "mid-b", "mid-c"}, post...)...)
+	tr.finish()
+	t.Logf("traffic: %s", tr.summary())
+
+	// Every acknowledged publish consumed and acked once; the old
+	// binary's leases too; the replicas of every group agree.
+	tr.check(ctx, nodes[0])
+	rest, err := drain(ctx, nodes[2], "pre-held", "held", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range values(t, rest) {
+		heldAcks[v]++
+	}
+	for _, v := range heldValues {
+		if heldAcks[v] != 1 {
+			t.Errorf("pre-held: %s acked %d times, want once", v, heldAcks[v])
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	compareStates(t, c)
+	groups, err := clusterGroups(ctx, nodes[0])
+	if err != nil || len(groups) != 3 {
+		t.Fatalf("data groups %v (%v), want 3", groups, err)
+	}
+	for id, members := range groups {
+		var ns []*tc.Node
+		for _, m := range members {
+			ns = append(ns, c.NodeByID(m))
+		}
+		compareStateFiles(t, ns, filepath.Join("groups", id, "fsm.db"))
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 
 	"github.com/mqd/mqd/raftfsm"
 )
@@ -38,7 +40,7 @@ func init() {
 					return err
 				}
 				defer f.Close()
-				index, err := raftfsm.PrepareRestore(*dataDir, f, nodeID, addr)
+				res, err := raftfsm.PrepareRestore(*dataDir, f, nodeID, addr)
 				if err != nil {
 					return err
 				}
@@ -46,8 +48,15 @@ func init() {
 				if *advertise != "" {
 					start += " --raft-advertise-addr " + *advertise
 				}
-				fmt.Fprintf(c.stdout, "restored the state at raft index %d into %s for node %s (raft address %s)\n"+
-					"start it: %s --http-addr HOST:PORT [--auth-file FILE]  (other nodes then join it with --join)\n", index, *dataDir, nodeID, addr, start)
+				fmt.Fprintf(c.stdout, "restored the state at raft index %d into %s for node %s (raft address %s)\n",
+					res.Index, *dataDir, nodeID, addr)
+				for _, g := range slices.Sorted(maps.Keys(res.Groups)) {
+					fmt.Fprintf(c.stdout, "restored data group %s at its raft index %d, with %s its only member\n", g, res.Groups[g], nodeID)
+				}
+				if len(res.Groups) > 0 {
+					start += " --data-groups"
+				}
+				fmt.Fprintf(c.stdout, "start it: %s --http-addr HOST:PORT [--auth-file FILE]  (other nodes then join it with --join)\n", start)
 				return nil
 			}
 		}})

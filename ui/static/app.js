@@ -18,6 +18,7 @@ const state = {
   openHistory: new Set(), // dead-letter ids whose history is unfolded
   busy: false,        // a topics refresh is under way
   clusterBusy: false, // a cluster refresh is under way
+  groupLeaders: new Map(), // data group id -> its leader, as the page's node knows it
   topics: [],
   history: [],        // samples {t, topics: {name: {pub, groups: {g: {acked, dlq, backlog}}}}}
   stale: null,        // when the topics shown came from ?stale=ok: {ms, index, node}
@@ -191,15 +192,53 @@ function renderCluster(c) {
     el("td", { class: "num" }, fmtContact(n.last_contact_ms)),
     el("td", { class: "num" }, n.commit_index === undefined ? "" : fmtInt(n.commit_index)),
     el("td", { class: "num" }, n.applied_index === undefined ? "" : fmtInt(n.applied_index)),
+    el("td", { class: "num" }, n.topics_led === undefined ? "" : fmtInt(n.topics_led)),
+    el("td", { class: "num" }, n.topics_held === undefined ? "" : fmtInt(n.topics_held)),
     el("td", { class: "mono" }, n.http_addr || ""),
     el("td", { class: "mono" }, n.raft_addr || ""),
   )));
+  renderDataGroups(c.groups || []);
+}
+
+// renderDataGroups lists the data groups (--data-groups): their members,
+// the first of which is the preferred leader, the leader as the answering
+// node knows it (only for a group it holds a replica of), and how many
+// topics each holds. Without data groups the card stays hidden.
+function renderDataGroups(groups) {
+  state.groupLeaders = new Map(groups.filter((g) => g.leader).map((g) => [g.id, g.leader]));
+  $("#data-groups-card").hidden = groups.length === 0;
+  replaceRows("#data-groups", groups, groups.map((g) => el("tr", { "data-group-id": g.id },
+    el("td", { class: "name" }, g.id),
+    el("td", {}, ...(g.members || []).map((m, i) => el("span", {
+      class: "member" + (i === 0 ? " preferred" : "") + (m === g.leader ? " leader" : ""),
+      "data-member": m, title: i === 0 ? "preferred leader" : null,
+    }, m, i === 0 ? el("span", { class: "preferred-mark" }, " ★") : null))),
+    el("td", { class: "group-leader" }, g.leader
+      ? el("span", {}, el("span", { class: "state leader" }, g.leader),
+        g.members && g.members[0] !== g.leader ? el("span", { class: "muted" }, " not the preferred") : null)
+      : el("span", { class: "muted", title: "the answering node holds no replica of this group, or it has no leader now" }, "not known here")),
+    el("td", { class: "num" }, fmtInt(g.topics)))));
+}
+
+// hasStats: the topic list carries the topic's stats (a topic of a data
+// group the answering node holds no replica of comes with its name and
+// placement only).
+function hasStats(t) { return Array.isArray(t.partitions); }
+
+// placementOf is a topic's raft group and leader, for people. The topic
+// list is answered by the metadata leader, which names the leader of the
+// groups it holds; the page's node may know the others' (renderDataGroups).
+function placementOf(t) {
+  const p = t.placement || {};
+  const leader = p.leader || (p.group && state.groupLeaders.get(p.group)) || "";
+  return { group: p.group || "default", leader, replicas: p.replicas || [] };
 }
 
 function clusterUnavailable(e) {
   $("#node-summary").textContent = e.status === 403 ? "cluster view needs the monitor permission" : "cluster unavailable";
   $("#cluster-facts").replaceChildren(el("div", { class: "muted" }, explain(e, "read the cluster")));
   replaceRows("#nodes", null, []);
+  renderDataGroups([]);
 }
 
 // updateRates computes each topic's publish rate from the growth of its
@@ -209,8 +248,10 @@ function updateRates(topics) {
   const seen = new Set();
   for (const t of topics) {
     seen.add(t.name);
+    if (!hasStats(t)) { state.rates.set(t.name, { rate: undefined }); continue; }
     const sum = (t.partitions || []).reduce((a, p) => a + Number(p.next_offset), 0);
-    const prev = state.rates.get(t.name);
+    let prev = state.rates.get(t.name);
+    if (prev && prev.sum === undefined) prev = undefined; // its stats were elsewhere
     let rate = prev ? prev.rate : undefined;
     if (prev && now > prev.t && sum >= prev.sum) rate = (sum - prev.sum) / ((now - prev.t) / 1000);
     if (prev && sum < prev.sum) rate = undefined; // deleted and recreated
@@ -227,19 +268,24 @@ function renderTopics(topics) {
   $("#no-topics").hidden = topics.length > 0;
   const rows = topics.map((t) => {
     const dlq = groupsOf(t).reduce((a, [, g]) => a + Number(g.dlq), 0);
+    const pl = placementOf(t);
+    const here = hasStats(t);
+    const stat = (v) => (here ? v : el("span", { class: "muted", title: "held by other nodes: select the topic to load its stats" }, "—"));
     return el("tr", {
       class: "selectable" + (t.name === state.topic ? " selected" : ""), "data-topic": t.name,
       onclick: () => selectTopic(t.name),
     },
     el("td", {}, el("a", { href: viewHash(t.name, null), class: "name" }, t.name)),
-    el("td", { class: "num" }, (t.partitions || []).length),
-    el("td", { class: "num" }, fmtInt(t.messages)),
-    el("td", { class: "num" }, fmtBytes(t.bytes)),
+    el("td", { class: "num" }, stat((t.partitions || []).length)),
+    el("td", { class: "num" }, stat(fmtInt(t.messages))),
+    el("td", { class: "num" }, stat(fmtBytes(t.bytes))),
     el("td", { class: "num rate" }, fmtRate(state.rates.get(t.name).rate)),
-    el("td", { class: "num" }, groupsOf(t).length),
-    el("td", { class: "num" + (dlq > 0 ? " warn" : "") }, fmtInt(dlq)));
+    el("td", { class: "num" }, stat(groupsOf(t).length)),
+    el("td", { class: "num" + (dlq > 0 ? " warn" : "") }, stat(fmtInt(dlq))),
+    el("td", { class: "raft-group" }, pl.group),
+    el("td", { class: "topic-leader" }, pl.leader || el("span", { class: "muted" }, "unknown")));
   });
-  const shown = topics.map((t) => [t, state.rates.get(t.name).rate, state.topic]);
+  const shown = topics.map((t) => [t, state.rates.get(t.name).rate, state.topic, placementOf(t).leader]);
   replaceRows("#topic-table", shown, rows);
   renderTopicDetail();
 }
@@ -258,7 +304,10 @@ function renderTopicDetail() {
     fact("max retry", c.max_retry), fact("ack timeout", `${fmtInt(c.ack_timeout_ms)} ms`),
     fact("retention", c.retention_ms ? `${fmtInt(c.retention_ms)} ms` : "until acked"),
     fact("overflow", c.overflow || ""),
+    fact("raft group", placementOf(t).group),
+    fact("leader", placementOf(t).leader || "unknown"),
   );
+  renderPlacement(t);
   replaceRows("#partition-table", t.partitions, (t.partitions || []).map((p) => el("tr", {},
     el("td", { class: "num" }, p.partition), el("td", { class: "num" }, fmtInt(p.first_offset)),
     el("td", { class: "num" }, fmtInt(p.next_offset)), el("td", { class: "num" }, fmtInt(p.messages)))));
@@ -277,6 +326,16 @@ function renderTopicDetail() {
   el("td", { class: "num" }, fmtInt(g.acked)),
   el("td", { class: "num" }, fmtInt(g.duplicates_skipped)),
   el("td", {}, el("button", { type: "button", class: "quiet show-dlq" }, "Dead letters")))));
+}
+
+// renderPlacement shows where a topic's replicas are (SPEC section 12):
+// the nodes holding it, its leader marked.
+function renderPlacement(t) {
+  const pl = placementOf(t);
+  $("#topic-placement").replaceChildren(
+    el("span", { class: "muted" }, `Replicas (${pl.replicas.length}) in raft group ${pl.group}: `),
+    ...pl.replicas.map((r) => el("span", { class: "member" + (r === pl.leader ? " leader" : ""), "data-replica": r },
+      r, r === pl.leader ? el("span", { class: "muted" }, " leader") : null)));
 }
 
 function historyList(d) {
@@ -346,6 +405,8 @@ function selectTopic(name) {
   state.topic = name;
   saveHash();
   renderTopics(state.topics);
+  const t = state.topics.find((x) => x.name === name);
+  if (t && !hasStats(t)) refresh(); // its stats come from a member of its group
 }
 
 function selectGroup(name) {
@@ -439,13 +500,25 @@ async function loadTopics() {
   try {
     const d = await api("GET", "/v1/topics");
     state.stale = null;
-    return d.topics || [];
+    return withSelectedStats(d.topics || [], "");
   } catch (e) {
     if (!noLeader(e)) throw e;
     const r = await apiFull("GET", "/v1/topics?stale=ok");
     state.stale = { ms: Number(r.headers.get("Mq-Stale-Ms")), index: r.headers.get("Mq-Applied-Index"), why: e.message };
-    return r.data.topics || [];
+    return withSelectedStats(r.data.topics || [], "?stale=ok");
   }
+}
+
+// withSelectedStats reads the selected topic's stats on their own when the
+// list came without them (its data group has no replica on the answering
+// node, which forwards the request to one that has).
+async function withSelectedStats(topics, query) {
+  const i = topics.findIndex((t) => t.name === state.topic);
+  if (i < 0 || hasStats(topics[i])) return topics;
+  try {
+    topics[i] = await api("GET", `/v1/topics/${enc(state.topic)}${query}`);
+  } catch (_) { /* the list's entry stays: name and placement */ }
+  return topics;
 }
 
 function renderStale() {

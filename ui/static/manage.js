@@ -41,6 +41,7 @@ function renderResources(c) {
 function sample(topics) {
   const s = { t: performance.now(), topics: {} };
   for (const t of topics) {
+    if (!hasStats(t)) continue; // held elsewhere: no reading
     const groups = {};
     for (const [g, st] of Object.entries(t.groups || {})) {
       groups[g] = { acked: Number(st.acked), dlq: Number(st.dlq), backlog: Number(st.backlog), inflight: Number(st.in_flight) };
@@ -251,7 +252,7 @@ async function loadBrowse(first) {
   try {
     const pg = await api("GET", `/v1/topics/${enc(t)}/messages?${q}`);
     if (t !== state.topic) return;
-    const parts = (state.topics.find((x) => x.name === t) || { partitions: [] }).partitions.length;
+    const parts = ((state.topics.find((x) => x.name === t) || {}).partitions || []).length;
     let next = { partition: pg.next_partition, offset: pg.next_offset };
     if (!pg.more) {
       // This partition is read to its end: all partitions go on with the next.
