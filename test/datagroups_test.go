@@ -350,16 +350,21 @@ func groupLeaderVia(ctx context.Context, n *tc.Node, g, tp string) (string, erro
 // it too; it answers that leader.
 func waitLeaderKnown(ctx context.Context, t *testing.T, g, tp string, members, outside []*tc.Node, was string) string {
 	t.Helper()
-	seen := map[string]string{}
+	seen := map[string]string{} // each node's latest answer
+	var errs []error
 	for {
-		var errs []error
+		if ctx.Err() != nil {
+			t.Fatalf("data group %s (members %v): the nodes name the leaders %v (%v), want one leader (not %q) named by its members and the nodes outside it", g, members, seen, errs, was)
+		}
+		errs = nil
 		leader := ""
 		for _, n := range append(slices.Clone(members), outside...) {
 			l, err := groupLeaderVia(ctx, n, g, tp)
-			seen[n.ID()] = l
 			if err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			seen[n.ID()] = l
 			if leader == "" && slices.Contains(members, n) {
 				leader = l
 			}
@@ -370,9 +375,6 @@ func waitLeaderKnown(ctx context.Context, t *testing.T, g, tp string, members, o
 		}
 		if agreed {
 			return leader
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("data group %s: the nodes name the leaders %v (%v), want one leader (not %q) named by its members and the nodes outside it", g, seen, errs, was)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
