@@ -194,7 +194,10 @@ func TestDataGroups(t *testing.T) {
 
 // TestDataGroupsFiveNodes: on five nodes each topic has three replicas, the
 // five groups are led by five nodes, and a node that holds no replica of a
-// topic forwards its requests to one that does.
+// topic forwards its requests to one that does. Such a node knows the
+// group's leader as the group's members do, before and after the leader's
+// kill -9, and forwards a publish straight to it (one hop). Before every
+// node knew every group's leader, the nodes outside a group named none.
 func TestDataGroupsFiveNodes(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 5, tc.WithFlags("--data-groups"))
