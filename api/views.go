@@ -157,8 +157,9 @@ func (s *Server) waitView(ctx *fasthttp.RequestCtx, gn groupedNode, id string) (
 // this node holds no replica of: to the group's leader when this node knows
 // it (from the probes: raftfsm/leaders.go), so that it is served in one
 // hop; else, or when the leader cannot be reached, to the members in the
-// directory's order, the next one when one cannot be reached (a member
-// forwards on to the leader).
+// directory's order, the next one when one cannot be reached or, for a
+// read, lost the connection (a member forwards on to the leader). When
+// none answers, the client hears 503 and retries.
 func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
@@ -171,26 +172,35 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 	defer cancel()
 	ctx.Request.Header.Set(placedHeader, id)
 	leader, addr, known := gn.GroupLeader(id)
-	if known && leader != s.node.ID() {
+	toLeader := known && leader != s.node.ID()
+	if toLeader {
 		s.metrics.countForward(forwardToLeader)
-		if err = s.forwardTo(rctx, ctx, addr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
+		err = s.forwardTo(rctx, ctx, addr, hops, nil)
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
 		ctx.Response.Reset()
 	}
 	members := gn.GroupMembers(id)
 	nodes := s.state.Nodes()
-	err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
+	if !toLeader { // else err says why the leader did not answer
+		err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
+	}
 	for _, m := range members {
 		info, ok := nodes[m]
 		if !ok || info.HTTPAddr == "" || m == s.node.ID() || (known && m == leader) {
 			continue
 		}
 		s.metrics.countForward(forwardToMember)
-		if err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
+		err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil)
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
 		ctx.Response.Reset()
+	}
+	if errors.Is(err, errLeaderUnreachable) || errors.Is(err, errLeaderLost) {
+		// Nothing was sent, or a read was cut: safe to retry.
+		return errorf(ErrUnavailable, "no member of data group %s %v answered (%v); retry", id, members, err)
 	}
 	return err
 }

@@ -720,3 +720,38 @@ func TestDataGroupsReplicaMovedOffWhileDown(t *testing.T) {
 		}
 	}
 }
+
+// TestDataGroupsMembersDown: a request about a topic reaching a node that
+// holds no replica of its data group, while no member of the group
+// answers, is a 503 (retry), not a 500: reads and writes alike.
+func TestDataGroupsMembersDown(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 4, tc.WithFlags("--data-groups"))
+	ctx := ctxFor(t, 60*time.Second)
+	mustTopic(t, c.Node(0), "far", nil)
+	_, _, reps, err := topicPlacement(ctx, c.Node(0), "far")
+	if err != nil || len(reps) != 3 {
+		t.Fatalf("placement of far: %v %v, want 3 replicas", reps, err)
+	}
+	var outside *tc.Node
+	for _, n := range c.Nodes() {
+		if slices.Contains(reps, n.ID()) {
+			n.Kill()
+		} else {
+			outside = n
+		}
+	}
+	for _, req := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/topics/far"},
+		{http.MethodGet, "/v1/topics/far/groups/g/dlq"},
+		{http.MethodPost, "/v1/topics/far/messages"},
+	} {
+		r, err := outside.Do(ctx, req.method, req.path, []byte("x"), map[string]string{"Mq-Timeout-Ms": "2000"})
+		if err != nil {
+			t.Fatalf("%s %s via %s: %v", req.method, req.path, outside, err)
+		}
+		if r.Status != http.StatusServiceUnavailable {
+			t.Errorf("%s %s via %s with every member of the topic's group down: %d %s, want 503", req.method, req.path, outside, r.Status, r.Body)
+		}
+	}
+}

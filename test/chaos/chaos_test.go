@@ -29,7 +29,11 @@ var (
 	stageSplitFlag      = flag.Bool("chaos.stage-split", false, "the processing workload's stages publish, then ack, as two calls (a broken stage: the checker must fail the run)")
 	lightFlag           = flag.Bool("chaos.light", false, "a lighter main workload: one producer, one group, one consumer")
 	tlsFlag             = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
+	dataGroupsFlag      = flag.Bool("chaos.data-groups", false, "TestChaos, TestSoak: five nodes with --data-groups, the workload over three topics in different data groups, faults aimed at the groups' leaders and at moves")
 )
+
+// dataGroupsDuration is TestChaosDataGroups' fault phase unless -chaos.duration is given.
+const dataGroupsDuration = 60 * time.Second
 
 // configFor is the run configuration from the flags.
 func configFor(t *testing.T, seed int64, d time.Duration) Config {
@@ -44,13 +48,19 @@ func configFor(t *testing.T, seed int64, d time.Duration) Config {
 	cfg.RaftLog = *raftLogFlag
 	cfg.Process = *processFlag
 	cfg.ProcessSplit = *stageSplitFlag
+	if *dataGroupsFlag {
+		dataShape(&cfg)
+	}
 	if *lightFlag {
 		lighten(&cfg)
 	}
 	if *kindsFlag != "" {
 		for _, k := range strings.Split(*kindsFlag, ",") {
-			if !slices.Contains(allKinds, k) {
-				t.Fatalf("-chaos.kinds: unknown kind %q (kinds: %v)", k, allKinds)
+			if !slices.Contains(allKinds, k) && !slices.Contains(dataKinds, k) {
+				t.Fatalf("-chaos.kinds: unknown kind %q (kinds: %v; with -chaos.data-groups also %v)", k, allKinds, dataKinds)
+			}
+			if slices.Contains(dataKinds, k) && !cfg.DataGroups {
+				t.Fatalf("-chaos.kinds: %s needs -chaos.data-groups", k)
 			}
 			cfg.Kinds = append(cfg.Kinds, k)
 		}
@@ -153,11 +163,39 @@ func TestSoak(t *testing.T) {
 	cfg := configFor(t, *seedFlag, *soakFlag)
 	if *kindsFlag == "" {
 		cfg.Kinds = allKinds
+		if cfg.DataGroups {
+			cfg.Kinds = append(slices.Clone(dataKinds), allKinds...)
+		}
 	}
 	cfg.Soak = true
 	cfg.Process = true
 	cfg.TLS = useTLS(t, 0)
 	cfg.DrainTimeout = 5 * time.Minute
+	Run(t, cfg)
+}
+
+// TestChaosDataGroups is the bounded run of the data-groups mode CI makes
+// once per run: five nodes with --data-groups, three topics placed in three
+// data groups led by three nodes (checked before any fault), the workload
+// on each topic, and faults aimed at the structure: kill -9, SIGSTOP and a
+// partition of one data group's leader, of the metadata group's leader and
+// of every group's leader at once, and a node killed while a drain or a
+// rebalance moves replicas (the move must complete after it restarts). The
+// checker runs per topic; the replicas are compared per group, and a group
+// that cannot be compared fails the run.
+func TestChaosDataGroups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the data-groups chaos run takes about a minute and a half; skipped in -short mode")
+	}
+	d := dataGroupsDuration
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "chaos.duration" {
+			d = *durationFlag
+		}
+	})
+	cfg := configFor(t, *seedFlag+400, d)
+	dataShape(&cfg)
+	cfg.TLS = useTLS(t, 0)
 	Run(t, cfg)
 }
 
