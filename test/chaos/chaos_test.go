@@ -32,9 +32,6 @@ var (
 	dataGroupsFlag      = flag.Bool("chaos.data-groups", false, "TestChaos, TestSoak: five nodes with --data-groups, the workload over three topics in different data groups, faults aimed at the groups' leaders and at moves")
 )
 
-// dataGroupsDuration is TestChaosDataGroups' fault phase unless -chaos.duration is given.
-const dataGroupsDuration = 60 * time.Second
-
 // configFor is the run configuration from the flags.
 func configFor(t *testing.T, seed int64, d time.Duration) Config {
 	cfg := DefaultConfig(seed, d)
@@ -171,31 +168,6 @@ func TestSoak(t *testing.T) {
 	cfg.Process = true
 	cfg.TLS = useTLS(t, 0)
 	cfg.DrainTimeout = 5 * time.Minute
-	Run(t, cfg)
-}
-
-// TestChaosDataGroups is the bounded run of the data-groups mode CI makes
-// once per run: five nodes with --data-groups, three topics placed in three
-// data groups led by three nodes (checked before any fault), the workload
-// on each topic, and faults aimed at the structure: kill -9, SIGSTOP and a
-// partition of one data group's leader, of the metadata group's leader and
-// of every group's leader at once, and a node killed while a drain or a
-// rebalance moves replicas (the move must complete after it restarts). The
-// checker runs per topic; the replicas are compared per group, and a group
-// that cannot be compared fails the run.
-func TestChaosDataGroups(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the data-groups chaos run takes about a minute and a half; skipped in -short mode")
-	}
-	d := dataGroupsDuration
-	flag.Visit(func(f *flag.Flag) {
-		if f.Name == "chaos.duration" {
-			d = *durationFlag
-		}
-	})
-	cfg := configFor(t, *seedFlag+400, d)
-	dataShape(&cfg)
-	cfg.TLS = useTLS(t, 0)
 	Run(t, cfg)
 }
 

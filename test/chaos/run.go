@@ -61,6 +61,15 @@ func lighten(cfg *Config) {
 	cfg.Light, cfg.Producers, cfg.Groups, cfg.ConsumersPerGroup = true, 1, []string{"g1"}, 1
 }
 
+// DataGroupsConfig is the CI shape of a run in the data-groups mode: five
+// nodes with --data-groups, the workload over three topics placed in three
+// data groups led by three nodes, and the faults aimed at them.
+func DataGroupsConfig(seed int64, d time.Duration) Config {
+	cfg := DefaultConfig(seed, d)
+	dataShape(&cfg)
+	return cfg
+}
+
 // DefaultConfig is the CI shape of a run with the given seed and length.
 func DefaultConfig(seed int64, d time.Duration) Config {
 	return Config{Seed: seed, Duration: d, MaxFaults: 1 << 20, Producers: 4, Partitions: 3,
