@@ -33,6 +33,8 @@ type metrics struct {
 	commitLat   prometheus.Histogram
 	// Coalesced forwarding (coalesce.go), counted on the follower.
 	fwdCommands, fwdRequests prometheus.Counter
+	// HTTP forwards, counted on the forwarding node by target.
+	forwards *prometheus.CounterVec
 
 	published topicCounters // mqd_published_messages_total, mqd_publish_duplicates_total
 	scrapes   scrapes       // builds of /metrics' body, one at a time
@@ -53,7 +55,13 @@ func newMetrics(s *Server) *metrics {
 		Help: "Follower: commands (publishes) sent to the leader in coalesced forwards."})
 	m.fwdRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_forward_coalesced_requests_total",
 		Help: "Follower: internal requests that carried them (commands per request is the coalescing)."})
-	m.reg.MustRegister(m.receipts, m.requests, m.requestTime, m.commitLat, m.fwdCommands, m.fwdRequests,
+	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_forwarded_requests_total",
+		Help: "HTTP requests this node forwarded (each attempt): to the leader of the group serving them (to=leader), or, for a topic of a data group whose leader it does not know or cannot reach, to a member of the group (to=member)."},
+		[]string{"to"})
+	for _, to := range []string{forwardToLeader, forwardToMember} {
+		m.forwards.WithLabelValues(to)
+	}
+	m.reg.MustRegister(m.receipts, m.requests, m.requestTime, m.commitLat, m.fwdCommands, m.fwdRequests, m.forwards,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(s.node.Collectors()...)
 	if dn, ok := s.node.(interface {
@@ -88,6 +96,14 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(s.polls)
 	return m
 }
+
+// The targets of mqd_forwarded_requests_total.
+const (
+	forwardToLeader = "leader"
+	forwardToMember = "member"
+)
+
+func (m *metrics) countForward(to string) { m.forwards.WithLabelValues(to).Inc() }
 
 func (m *metrics) commit(d time.Duration, err error) {
 	if err == nil {

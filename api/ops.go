@@ -127,8 +127,9 @@ func (s *Server) cluster(ctx *fasthttp.RequestCtx, _ *route) error {
 }
 
 // dataGroupJSON is one data group in GET /v1/cluster: its members (the
-// preferred leader first), its leader as this node knows it (only when it
-// holds a replica), and the topics placed in it.
+// preferred leader first), its leader as this node knows it (by raft when
+// it holds a replica, else from the probes: raftfsm/leaders.go), and the
+// topics placed in it.
 type dataGroupJSON struct {
 	ID      string   `json:"id"`
 	Members []string `json:"members"`
@@ -147,9 +148,7 @@ func (s *Server) dataGroupsJSON() []dataGroupJSON {
 	out := make([]dataGroupJSON, 0, len(dir.Groups))
 	for id, ms := range dir.Groups {
 		g := dataGroupJSON{ID: id, Members: ms, Topics: counts[id]}
-		if v, held := s.view(id); held {
-			g.Leader, _, _ = v.node.Leader()
-		}
+		g.Leader, _, _ = gn.GroupLeader(id)
 		out = append(out, g)
 	}
 	slices.SortFunc(out, func(a, b dataGroupJSON) int { return strings.Compare(a.ID, b.ID) })

@@ -401,6 +401,7 @@ func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, bod
 	if !ok {
 		return fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)
 	}
+	s.metrics.countForward(forwardToLeader)
 	return s.forwardTo(rctx, ctx, addr, hops, body)
 }
 

@@ -192,7 +192,7 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 	after := string(ctx.QueryArgs().Peek("after"))
 	if gn, ok := s.grouped(); ok {
 		if dir := gn.Directory(); len(dir.Topics) > 0 {
-			return s.listTopicsGrouped(ctx, r, dir, after, limit)
+			return s.listTopicsGrouped(ctx, r, gn, dir, after, limit)
 		}
 	}
 	out := []*topicStats{}

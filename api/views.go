@@ -25,13 +25,16 @@ import (
 // node's core whose node (proposals, leadership) and state are the data
 // group's, with the route table bound to it, so that every handler keeps
 // its meaning for the one group that holds the whole topic. A node that
-// holds no replica of the group forwards the request to one that does.
+// holds no replica of the group forwards the request to the group's
+// leader, which every node learns from the probes (raftfsm/leaders.go), or
+// to a member when it knows none.
 
 // groupedNode is what a node with data groups answers (*raftfsm.Node).
 type groupedNode interface {
 	TopicGroup(topic string) string
 	HeldGroup(id string) (*raftfsm.GroupView, bool)
 	GroupMembers(id string) []string
+	GroupLeader(id string) (leader, httpAddr string, ok bool)
 	PlaceTopic(ctx context.Context, topic string, replicas int) (string, error)
 	Directory() *fsm.Directory
 	Drain(ctx context.Context, id string) ([]raftfsm.Move, error)
@@ -151,9 +154,12 @@ func (s *Server) waitView(ctx *fasthttp.RequestCtx, gn groupedNode, id string) (
 }
 
 // toGroupMember forwards a request about a topic of data group id, which
-// this node holds no replica of, to a node that does (it forwards on to
-// the group's leader): the members in the directory's order, the next
-// one when one cannot be reached.
+// this node holds no replica of: to the group's leader when this node knows
+// it (from the probes: raftfsm/leaders.go), so that it is served in one
+// hop; else, or when the leader cannot be reached, to the members in the
+// directory's order, the next one when one cannot be reached or, for a
+// read, lost the connection (a member forwards on to the leader). When
+// none answers, the client hears 503 and retries.
 func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
@@ -164,19 +170,37 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 		return err
 	}
 	defer cancel()
-	members := gn.GroupMembers(id)
-	nodes := s.state.Nodes()
-	err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
-	for _, m := range members {
-		info, ok := nodes[m]
-		if !ok || info.HTTPAddr == "" || m == s.node.ID() {
-			continue
-		}
-		ctx.Request.Header.Set(placedHeader, id)
-		if err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil); !errors.Is(err, errLeaderUnreachable) {
+	ctx.Request.Header.Set(placedHeader, id)
+	leader, addr, known := gn.GroupLeader(id)
+	toLeader := known && leader != s.node.ID()
+	if toLeader {
+		s.metrics.countForward(forwardToLeader)
+		err = s.forwardTo(rctx, ctx, addr, hops, nil)
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
 		ctx.Response.Reset()
+	}
+	members := gn.GroupMembers(id)
+	nodes := s.state.Nodes()
+	if !toLeader { // else err says why the leader did not answer
+		err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
+	}
+	for _, m := range members {
+		info, ok := nodes[m]
+		if !ok || info.HTTPAddr == "" || m == s.node.ID() || (known && m == leader) {
+			continue
+		}
+		s.metrics.countForward(forwardToMember)
+		err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil)
+		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
+			return err
+		}
+		ctx.Response.Reset()
+	}
+	if errors.Is(err, errLeaderUnreachable) || errors.Is(err, errLeaderLost) {
+		// Nothing was sent, or a read was cut: safe to retry.
+		return errorf(ErrUnavailable, "no member of data group %s %v answered (%v); retry", id, members, err)
 	}
 	return err
 }
@@ -247,8 +271,8 @@ func (s *Server) topicServer(dir *fsm.Directory, topic string) (sv *Server, grou
 // topics in data groups: the names of the default group's topics and of
 // the placed ones in one order, each with its stats from the replica this
 // node holds; a topic of a group this node holds no replica of is listed
-// with its name and placement only.
-func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.Directory, after string, limit uint64) error {
+// with its name and placement only (its leader as the probes tell it).
+func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, gn groupedNode, dir *fsm.Directory, after string, limit uint64) error {
 	var names []string
 	err := s.state.Read(func(rd *fsm.Reader) error {
 		rd.EachTopicAfter(after, func(t string) bool {
@@ -277,10 +301,15 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, dir *fsm.
 	out := make([]*topicStats, 0, len(names))
 	now := nowMs()
 	places := map[*Server]*placement{} // one per group, not per topic
+	away := map[string]*placement{}    // the same for the groups not held here
 	for _, t := range names {
 		sv, id, ok := s.topicServer(dir, t)
 		if !ok {
-			out = append(out, &topicStats{Name: t, Placement: &placement{Group: id, Replicas: dir.Groups[id]}})
+			if away[id] == nil {
+				away[id] = &placement{Group: id, Replicas: dir.Groups[id]}
+				away[id].Leader, _, _ = gn.GroupLeader(id)
+			}
+			out = append(out, &topicStats{Name: t, Placement: away[id]})
 			continue
 		}
 		var ts *fsm.TopicStats

@@ -27,6 +27,7 @@ package bench
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -38,30 +39,34 @@ import (
 func BenchmarkSpread(b *testing.B) {
 	for _, mode := range []string{"single", "data"} {
 		for _, nodes := range []int{3, 5} {
-			b.Run(fmt.Sprintf("groups=%s/nodes=%d/topics=3", mode, nodes), func(b *testing.B) {
-				spread(b, mode, nodes)
+			b.Run(fmt.Sprintf("groups=%s/nodes=%d/topics=%d", mode, nodes, *flagSpreadTopics), func(b *testing.B) {
+				spread(b, mode, nodes, *flagSpreadTopics)
 			})
 		}
 	}
 }
 
+// flagSpreadTopics is BenchmarkSpread's number of topics (3, the issue's
+// workload; as many as nodes shows every node leading one).
+var flagSpreadTopics = flag.Int("spread.topics", 3, "Spread: topics the publishers spread over")
+
 // spread is one BenchmarkSpread case: mode "single" keeps every topic in
 // the default group (one raft group, as before data groups), "data" starts
 // the nodes with --data-groups and waits until the topics' groups are led
-// by three nodes.
-func spread(b *testing.B, mode string, nodes int) {
+// by as many nodes as there are topics (or nodes, when fewer).
+func spread(b *testing.B, mode string, nodes, ntopics int) {
 	var flags []string
 	if mode == "data" {
 		flags = append(flags, "--data-groups")
 	}
 	s := startSystem(b, nodes, flags...)
 	all := s.c.Nodes()
-	topics := make([]string, 3)
+	topics := make([]string, ntopics)
 	for i := range topics {
 		topics[i] = s.topic(b, fmt.Sprintf("spread-%d", i), nil)
 	}
 	leaders := topicLeaders(b, s, topics)
-	for wait := time.Now().Add(30 * time.Second); mode == "data" && leaders < len(topics) && time.Now().Before(wait); {
+	for wait := time.Now().Add(30 * time.Second); mode == "data" && leaders < min(len(topics), nodes) && time.Now().Before(wait); {
 		time.Sleep(100 * time.Millisecond) // each group moves to its preferred leader within a few seconds
 		leaders = topicLeaders(b, s, topics)
 	}

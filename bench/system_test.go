@@ -18,6 +18,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -108,10 +109,19 @@ func startSystemWith(b *testing.B, n int, opts []tc.Option, flags ...string) *sy
 func (s *system) topic(b *testing.B, prefix string, cfg map[string]any) string {
 	b.Helper()
 	name := fmt.Sprintf("%s-%d", prefix, topicSeq.Add(1))
-	if _, err := s.leader.PutTopic(context.Background(), name, cfg); err != nil {
-		b.Fatal(err)
+	// A creation may meet a data group's leadership hand-off (503, to be
+	// retried, as any client does); other answers end the bench.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		_, err := s.leader.PutTopic(context.Background(), name, cfg)
+		if err == nil {
+			return name
+		}
+		var se *tc.StatusError
+		if !errors.As(err, &se) || se.Status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			b.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return name
 }
 
 // putGroup creates a consumer group ahead of its first fetch.

@@ -100,6 +100,7 @@ func (n *Node) openDataGroups(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	current := -1 // whether dir is the cluster's latest (asked once, when needed)
 	for _, id := range ids {
 		members := dir.Groups[id]
 		if g := n.Group(id); g != nil {
@@ -118,6 +119,23 @@ func (n *Node) openDataGroups(ctx context.Context) {
 		// bootstrapped, so that leaveDataGroup (moves.go) deletes it once
 		// its data is not needed, rather than left on disk for good (and
 		// resumed, stale, if a later move brings the group back here).
+		// Only once this node has applied what the cluster committed: a
+		// directory read from a state file older than a move of the
+		// group onto this node would not name it either.
+		if !member {
+			if current < 0 {
+				current = 0
+				if n.Ready(ctx).Ready {
+					current = 1
+				}
+			}
+			if current == 0 {
+				continue // the next pass asks again
+			}
+			dir = n.FSM.Directory() // as applied now
+			members = dir.Groups[id]
+			member = slices.Contains(members, n.cfg.ID)
+		}
 		if err := n.openDataGroup(ctx, id, members, member && !dir.Moved[id]); err != nil {
 			n.data.mu.Lock()
 			first := n.data.failed[id] != err.Error()

@@ -43,6 +43,10 @@ type Status struct {
 	// Groups: the applied index of each data group this node holds (a
 	// group's leader promotes a new member once it caught up: moves.go).
 	Groups map[string]uint64 `json:"groups,omitempty"`
+	// Leads: the data groups this node leads, with the raft term of its
+	// leadership; every node learns each group's leader from them
+	// (leaders.go). A binary without them sends none.
+	Leads map[string]uint64 `json:"leads,omitempty"`
 }
 
 // Status reports this node's membership state.
@@ -59,6 +63,7 @@ func (n *Node) Status() Status {
 		}
 		st.Groups[id] = g.FSM().AppliedIndex()
 	}
+	st.Leads = n.leads()
 	if st.DiskKeep > 0 {
 		st.DiskFree = n.disk.free.Load()
 	}

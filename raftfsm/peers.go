@@ -185,6 +185,7 @@ func (n *Node) probe(ctx context.Context, client *http.Client, id, addr string) 
 	mid := sent.Add(shift + recv.Sub(sent)/2)
 	*v = peerView{status: st, lastOK: recv, offsetMs: mid.UnixMilli() - st.NowMs, rttMs: recv.Sub(sent).Milliseconds(), mine: mine}
 	n.clock.observe(id, v.offsetMs)
+	n.leaders.observe(id, st.Leads, recv)
 }
 
 // ErrLastVoter refuses to remove the cluster's only voter: raft cannot

@@ -553,6 +553,15 @@ func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 // committed before its term, so that its state answers requests.
 func (g *Group) Serving() bool { return g.IsLeader() && g.serving.Load() }
 
+// LeaderTerm is the raft term this replica leads the group in (ok false:
+// it does not lead). The term is read first: a replica that steps down
+// meanwhile claims its old term, which the next leader's higher one
+// overrides (raftfsm/leaders.go).
+func (g *Group) LeaderTerm() (term uint64, ok bool) {
+	term = g.raft.CurrentTerm()
+	return term, g.IsLeader()
+}
+
 // LeaderID is the id of the group's leader, if one is known.
 func (g *Group) LeaderID() (string, bool) {
 	_, lid := g.raft.LeaderWithID()

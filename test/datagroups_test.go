@@ -194,7 +194,10 @@ func TestDataGroups(t *testing.T) {
 
 // TestDataGroupsFiveNodes: on five nodes each topic has three replicas, the
 // five groups are led by five nodes, and a node that holds no replica of a
-// topic forwards its requests to one that does.
+// topic forwards its requests to one that does. Such a node knows the
+// group's leader as the group's members do, before and after the leader's
+// kill -9, and forwards a publish straight to it (one hop). Before every
+// node knew every group's leader, the nodes outside a group named none.
 func TestDataGroupsFiveNodes(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 5, tc.WithFlags("--data-groups"))
@@ -265,6 +268,163 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 	}
 	if r, err := nodes[2].Do(ctx, http.MethodGet, "/v1/topics/dg5-r2", nil, nil); err != nil || r.Expect(http.StatusNotFound) != nil {
 		t.Fatalf("a refused replicas created the topic: %v %v", r, err)
+	}
+
+	// A node outside a topic's group knows the group's leader as its
+	// members do, and forwards straight to it (one hop), after the
+	// leader's kill -9 too.
+	tp := topics[0]
+	g, _, reps, err := topicPlacement(ctx, nodes[0], tp)
+	if err != nil || g == "" {
+		t.Fatalf("topic %s: group %q %v", tp, g, err)
+	}
+	var members, outside []*tc.Node
+	for _, n := range nodes {
+		if slices.Contains(reps, n.ID()) {
+			members = append(members, n)
+		} else {
+			outside = append(outside, n)
+		}
+	}
+	lctx := ctxFor(t, 90*time.Second)
+	leader := waitLeaderKnown(lctx, t, g, tp, members, outside, "")
+	oneHop(lctx, t, tp, outside[0], nodes, 3)
+	c.NodeByID(leader).Kill()
+	members = slices.DeleteFunc(members, func(n *tc.Node) bool { return n.ID() == leader })
+	next := waitLeaderKnown(lctx, t, g, tp, members, outside, leader)
+	t.Logf("group %s: leader %s killed, %s leads; the nodes outside it, %v, know it", g, leader, next, outside)
+	oneHop(lctx, t, tp, outside[1], slices.DeleteFunc(slices.Clone(nodes), func(n *tc.Node) bool { return n.ID() == leader }), 3)
+}
+
+// groupLeaderVia is data group g's leader as n reports it: in GET
+// /v1/cluster's groups, and in topic tp's placement in n's own GET
+// /v1/topics?stale=ok (two answers that must agree, "" when unknown).
+func groupLeaderVia(ctx context.Context, n *tc.Node, g, tp string) (string, error) {
+	r, err := n.Do(ctx, http.MethodGet, "/v1/cluster", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	var ci struct {
+		Groups []clusterDataGroup `json:"groups"`
+	}
+	if err == nil {
+		err = r.JSON(&ci)
+	}
+	if err != nil {
+		return "", err
+	}
+	i := slices.IndexFunc(ci.Groups, func(x clusterDataGroup) bool { return x.ID == g })
+	if i < 0 {
+		return "", fmt.Errorf("%s: GET /v1/cluster lists no group %s", n, g)
+	}
+	r, err = n.Do(ctx, http.MethodGet, "/v1/topics?stale=ok", nil, nil)
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	var list struct {
+		Topics []struct {
+			Name      string `json:"name"`
+			Placement struct {
+				Group  string `json:"group"`
+				Leader string `json:"leader"`
+			} `json:"placement"`
+		} `json:"topics"`
+	}
+	if err == nil {
+		err = r.JSON(&list)
+	}
+	if err != nil {
+		return "", err
+	}
+	for _, t := range list.Topics {
+		if t.Name == tp {
+			if t.Placement.Group != g || t.Placement.Leader != ci.Groups[i].Leader {
+				return "", fmt.Errorf("%s: topic %s placed in %s led by %q, GET /v1/cluster: group %s led by %q",
+					n, tp, t.Placement.Group, t.Placement.Leader, g, ci.Groups[i].Leader)
+			}
+			return t.Placement.Leader, nil
+		}
+	}
+	return "", fmt.Errorf("%s: GET /v1/topics lists no %s", n, tp)
+}
+
+// waitLeaderKnown waits (bounded by ctx) until every member of data group
+// g names the same leader, not was, and every node outside the group names
+// it too; it answers that leader.
+func waitLeaderKnown(ctx context.Context, t *testing.T, g, tp string, members, outside []*tc.Node, was string) string {
+	t.Helper()
+	seen := map[string]string{} // each node's latest answer
+	var errs []error
+	for {
+		if ctx.Err() != nil {
+			t.Fatalf("data group %s (members %v): the nodes name the leaders %v (%v), want one leader (not %q) named by its members and the nodes outside it", g, members, seen, errs, was)
+		}
+		errs = nil
+		leader := ""
+		for _, n := range append(slices.Clone(members), outside...) {
+			l, err := groupLeaderVia(ctx, n, g, tp)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			seen[n.ID()] = l
+			if leader == "" && slices.Contains(members, n) {
+				leader = l
+			}
+		}
+		agreed := leader != "" && leader != was && len(errs) == 0
+		for _, l := range seen {
+			agreed = agreed && l == leader
+		}
+		if agreed {
+			return leader
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// forwardCounts is each node's mqd_forwarded_requests_total by target.
+func forwardCounts(ctx context.Context, t *testing.T, nodes []*tc.Node) map[string]map[string]float64 {
+	t.Helper()
+	out := map[string]map[string]float64{}
+	for _, n := range nodes {
+		fams := scrape(ctx, t, n)
+		out[n.ID()] = map[string]float64{}
+		for _, to := range []string{"leader", "member"} {
+			v, ok := metricValue(fams, "mqd_forwarded_requests_total", map[string]string{"to": to})
+			if !ok {
+				t.Fatalf("%s: /metrics lacks mqd_forwarded_requests_total{to=%q}", n, to)
+			}
+			out[n.ID()][to] = v
+		}
+	}
+	return out
+}
+
+// oneHop publishes k messages to tp through via, a node outside its group:
+// via forwards each to the group's leader, and no other node forwards
+// anything (a member that is not the leader would forward it on).
+func oneHop(ctx context.Context, t *testing.T, tp string, via *tc.Node, nodes []*tc.Node, k int) {
+	t.Helper()
+	before := forwardCounts(ctx, t, nodes)
+	for i := range k {
+		v := fmt.Sprintf("%s-one-hop-via-%s-%d", tp, via.ID(), i)
+		if _, err := publishRetry(ctx, []*tc.Node{via}, tp, v); err != nil {
+			t.Fatalf("publish %s through %s: %v", v, via, err)
+		}
+	}
+	after := forwardCounts(ctx, t, nodes)
+	for _, n := range nodes {
+		d := map[string]float64{}
+		for to, v := range after[n.ID()] {
+			d[to] = v - before[n.ID()][to]
+		}
+		switch {
+		case n == via && (d["leader"] < float64(k) || d["member"] != 0):
+			t.Fatalf("%s forwarded %v for %d publishes, want each to the leader of %s's group and none to another member", n, d, k, tp)
+		case n != via && (d["leader"] != 0 || d["member"] != 0):
+			t.Fatalf("%s forwarded %v while %d publishes went through %s: want them served in one hop", n, d, k, via)
+		}
 	}
 }
 
@@ -557,6 +717,41 @@ func TestDataGroupsReplicaMovedOffWhileDown(t *testing.T) {
 		got, want := consumedAndAcked(ctx, t, n1, tp, "check", acked[tp])
 		if !slices.Equal(got, want) {
 			t.Fatalf("topic %s consumed %v, want every acknowledged publish once: %v", tp, got, want)
+		}
+	}
+}
+
+// TestDataGroupsMembersDown: a request about a topic reaching a node that
+// holds no replica of its data group, while no member of the group
+// answers, is a 503 (retry), not a 500: reads and writes alike.
+func TestDataGroupsMembersDown(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 4, tc.WithFlags("--data-groups"))
+	ctx := ctxFor(t, 60*time.Second)
+	mustTopic(t, c.Node(0), "far", nil)
+	_, _, reps, err := topicPlacement(ctx, c.Node(0), "far")
+	if err != nil || len(reps) != 3 {
+		t.Fatalf("placement of far: %v %v, want 3 replicas", reps, err)
+	}
+	var outside *tc.Node
+	for _, n := range c.Nodes() {
+		if slices.Contains(reps, n.ID()) {
+			n.Kill()
+		} else {
+			outside = n
+		}
+	}
+	for _, req := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/topics/far"},
+		{http.MethodGet, "/v1/topics/far/groups/g/dlq"},
+		{http.MethodPost, "/v1/topics/far/messages"},
+	} {
+		r, err := outside.Do(ctx, req.method, req.path, []byte("x"), map[string]string{"Mq-Timeout-Ms": "2000"})
+		if err != nil {
+			t.Fatalf("%s %s via %s: %v", req.method, req.path, outside, err)
+		}
+		if r.Status != http.StatusServiceUnavailable {
+			t.Errorf("%s %s via %s with every member of the topic's group down: %d %s, want 503", req.method, req.path, outside, r.Status, r.Body)
 		}
 	}
 }

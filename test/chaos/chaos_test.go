@@ -29,6 +29,7 @@ var (
 	stageSplitFlag      = flag.Bool("chaos.stage-split", false, "the processing workload's stages publish, then ack, as two calls (a broken stage: the checker must fail the run)")
 	lightFlag           = flag.Bool("chaos.light", false, "a lighter main workload: one producer, one group, one consumer")
 	tlsFlag             = flag.String("chaos.tls", "alt", "nodes with TLS certificates: on, off, or alt (TestChaos: every second run, so that CI runs both)")
+	dataGroupsFlag      = flag.Bool("chaos.data-groups", false, "TestChaos, TestSoak: five nodes with --data-groups, the workload over three topics in different data groups, faults aimed at the groups' leaders and at moves")
 )
 
 // configFor is the run configuration from the flags.
@@ -44,13 +45,19 @@ func configFor(t *testing.T, seed int64, d time.Duration) Config {
 	cfg.RaftLog = *raftLogFlag
 	cfg.Process = *processFlag
 	cfg.ProcessSplit = *stageSplitFlag
+	if *dataGroupsFlag {
+		dataShape(&cfg)
+	}
 	if *lightFlag {
 		lighten(&cfg)
 	}
 	if *kindsFlag != "" {
 		for _, k := range strings.Split(*kindsFlag, ",") {
-			if !slices.Contains(allKinds, k) {
-				t.Fatalf("-chaos.kinds: unknown kind %q (kinds: %v)", k, allKinds)
+			if !slices.Contains(allKinds, k) && !slices.Contains(dataKinds, k) {
+				t.Fatalf("-chaos.kinds: unknown kind %q (kinds: %v; with -chaos.data-groups also %v)", k, allKinds, dataKinds)
+			}
+			if slices.Contains(dataKinds, k) && !cfg.DataGroups {
+				t.Fatalf("-chaos.kinds: %s needs -chaos.data-groups", k)
 			}
 			cfg.Kinds = append(cfg.Kinds, k)
 		}
@@ -153,6 +160,9 @@ func TestSoak(t *testing.T) {
 	cfg := configFor(t, *seedFlag, *soakFlag)
 	if *kindsFlag == "" {
 		cfg.Kinds = allKinds
+		if cfg.DataGroups {
+			cfg.Kinds = append(slices.Clone(dataKinds), allKinds...)
+		}
 	}
 	cfg.Soak = true
 	cfg.Process = true

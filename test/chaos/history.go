@@ -210,7 +210,9 @@ type Figures struct {
 	DeadLettered       int // over all groups
 	Lost               int
 	Duplicated         int
-	ReplicasCompared   bool // the nodes' states were compared and equal
+	ReplicasCompared   bool     // the nodes' states were compared and equal
+	GroupsCompared     []string // data-groups mode: each group compared (replicas, applied index)
+	Topics             []string // data-groups mode: each topic's line
 	Violations         map[string][]string
 	Anomalies          map[string]int
 	Events             []string
@@ -241,7 +243,13 @@ func (f *Figures) String() string {
 		f.Keys, f.Acknowledged, f.Indeterminate, f.IndeterminateFound, f.Stored, f.Poison)
 	fmt.Fprintf(&b, "deliveries %d, completed by ack %d (of which shown only by an unanswered ack %d), dead-lettered %d\n",
 		f.Deliveries, f.CompletedByAck+f.CompletedAmbiguous, f.CompletedAmbiguous, f.DeadLettered)
+	for _, l := range f.Topics {
+		fmt.Fprintf(&b, "  %s\n", l)
+	}
 	fmt.Fprintf(&b, "lost %d, duplicated completions %d, replicas identical: %v\n", f.Lost, f.Duplicated, f.ReplicasCompared)
+	if len(f.GroupsCompared) > 0 {
+		fmt.Fprintf(&b, "replicas compared per group: %s\n", strings.Join(f.GroupsCompared, "; "))
+	}
 	if f.Process != nil {
 		b.WriteString(f.Process.String())
 	}
@@ -282,4 +290,35 @@ func sortedCounts(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])
 	}
 	return strings.Join(parts, ", ")
+}
+
+// add sums the figures of one topic's check into f (data-groups mode):
+// counts add up, violations are prefixed with the topic, and the topic's
+// own line is kept.
+func (f *Figures) add(topic string, p *Figures) {
+	for k, v := range p.Ops {
+		f.Ops[k] += v
+	}
+	for k, v := range p.Anomalies {
+		f.Anomalies[k] += v
+	}
+	for k, vs := range p.Violations {
+		for _, v := range vs {
+			f.Violations[k] = append(f.Violations[k], "topic "+topic+": "+v)
+		}
+	}
+	f.Keys += p.Keys
+	f.Acknowledged += p.Acknowledged
+	f.Indeterminate += p.Indeterminate
+	f.IndeterminateFound += p.IndeterminateFound
+	f.Stored += p.Stored
+	f.Poison += p.Poison
+	f.Deliveries += p.Deliveries
+	f.CompletedByAck += p.CompletedByAck
+	f.CompletedAmbiguous += p.CompletedAmbiguous
+	f.DeadLettered += p.DeadLettered
+	f.Lost += p.Lost
+	f.Duplicated += p.Duplicated
+	f.Topics = append(f.Topics, fmt.Sprintf("topic %s: acknowledged writes %d, stored %d, completed by ack %d, dead-lettered %d, lost %d, duplicated completions %d",
+		topic, p.Acknowledged, p.Stored, p.CompletedByAck+p.CompletedAmbiguous, p.DeadLettered, p.Lost, p.Duplicated))
 }

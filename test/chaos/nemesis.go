@@ -39,6 +39,11 @@ type Nemesis struct {
 	kinds  []string
 	power  *powerMounts // the nodes' power-loss filesystems (power-cut kinds)
 	noTorn bool         // power cuts never tear a write
+	// groups: the cluster has data groups (datagroups.go): ready means
+	// every data group has an agreed leader too.
+	groups  bool
+	drained string     // the node a kill-during-move drained last ("": none since the last rebalance)
+	admin   *tc.Client // for node-to-node routes (a client certificate with TLS)
 }
 
 func newNemesis(t *testing.T, c *tc.Cluster, nw *Net, seed int64, kinds []string, power *powerMounts) *Nemesis {
@@ -94,7 +99,19 @@ func (nm *Nemesis) waitReady(d time.Duration, after string) error {
 	if err != nil {
 		return fmt.Errorf("cluster not ready %v after %s: %w", d, after, err)
 	}
-	nm.logf("ready again after %v, leader %s", time.Since(start).Round(time.Millisecond), l.ID())
+	if !nm.groups {
+		nm.logf("ready again after %v, leader %s", time.Since(start).Round(time.Millisecond), l.ID())
+		return nil
+	}
+	gs, err := waitGroups(ctx, nm.c)
+	if err != nil {
+		return fmt.Errorf("cluster not ready %v after %s: %w", d, after, err)
+	}
+	var gl []string
+	for _, g := range gs {
+		gl = append(gl, g.ID+" "+g.Leader)
+	}
+	nm.logf("ready again after %v, metadata leader %s, data groups' leaders %v", time.Since(start).Round(time.Millisecond), l.ID(), gl)
 	return nil
 }
 
@@ -123,6 +140,9 @@ func ids(ns []*tc.Node) []string {
 }
 
 func (nm *Nemesis) inject(kind string) error {
+	if done, err := nm.injectGroups(kind); done {
+		return err
+	}
 	l, fs, err := nm.roles()
 	if err != nil {
 		return fmt.Errorf("before %s: %w", kind, err)

@@ -72,6 +72,7 @@ type procWorkload struct {
 	prodWG  sync.WaitGroup
 	nemWG   sync.WaitGroup
 	stages  []*stageProc
+	across  bool // procIn and procOut live in different data groups
 
 	mu         sync.Mutex
 	inputs     map[string]*inRec

@@ -29,6 +29,12 @@ import (
 //   - the keyed outputs: reconcile on procOut finds them all, and each
 //     one's key trace counts no publish answered as its duplicate (a
 //     second process call with fresh receipts for one input would be one);
+//     but when procIn and procOut live in different data groups (across),
+//     process publishes the outputs first and acks after (api/processacross.go):
+//     a call retried or redelivered before its ack counted publishes them
+//     again, deduplicated, so these are counted (Republished), and an
+//     unkeyed output carries the key derived from its input's position
+//     (mqd-process-...); one output per input stored is still the rule;
 //   - no two process calls for one input both answered 200 non-duplicate
 //     (as far as the stages' reports, which a SIGKILL may cut, show).
 
@@ -41,6 +47,8 @@ type procFigures struct {
 	Events                                 map[string]int
 	Anomalies                              map[string]int
 	InputsUndetermined, UndeterminedStored int
+	Across                                 bool // procIn and procOut in different data groups
+	Republished                            int  // across: keyed outputs' publishes answered as duplicates
 }
 
 func (f *procFigures) String() string {
@@ -51,6 +59,7 @@ func (f *procFigures) String() string {
 	return fmt.Sprintf("processing workload, stage %s: inputs tried %d, acknowledged %d, stored %d (%d without a 2xx, %d of them stored), keyed outputs %d; outputs stored %d, read %d, key traces checked %d\n"+
 		"stage reports and faults: %s\n", mode, f.Tried, f.Acked, f.Stored, f.InputsUndetermined, f.UndeterminedStored,
 		f.Keyed, f.OutputsStored, f.OutputsRead, f.Traced, sortedCounts(f.Events)) +
+		map[bool]string{true: fmt.Sprintf("process across data groups: outputs published again and deduplicated %d\n", f.Republished)}[f.Across] +
 		map[bool]string{true: "processing anomalies: " + sortedCounts(f.Anomalies) + "\n"}[len(f.Anomalies) > 0]
 }
 
@@ -149,7 +158,7 @@ func reconcile(c *tc.Cluster, topic, group string, keys []string) (missing map[s
 // check runs the checks; its violations are added to figs.
 func (pw *procWorkload) check(c *tc.Cluster, figs *Figures) {
 	pw.mu.Lock()
-	f := &procFigures{Split: pw.cfg.ProcessSplit, Events: pw.events, Anomalies: pw.anomalies}
+	f := &procFigures{Split: pw.cfg.ProcessSplit, Across: pw.across, Events: pw.events, Anomalies: pw.anomalies}
 	var tried []string
 	for k, r := range pw.inputs {
 		tried = append(tried, k)
@@ -250,7 +259,7 @@ func (pw *procWorkload) checkOutputs(c *tc.Cluster, stored []string, f *procFigu
 		case parts[0] != "out" || in == nil:
 			pw.violation("process-phantom-output", "%s %d@%d: %q is no input's output", procOut, m.Partition, m.Offset, truncate(string(v), 80))
 			continue
-		case parts[2] != strconv.Itoa(len(in.payload)) || m.IdempotencyKey != map[bool]string{true: "out-" + in.key}[in.keyed]:
+		case parts[2] != strconv.Itoa(len(in.payload)) || !pw.outputKey(in, m.IdempotencyKey):
 			pw.violation("process-wrong-output", "%s %d@%d: value %q key %q for input %s (keyed %v)", procOut, m.Partition, m.Offset, v, m.IdempotencyKey, in.key, in.keyed)
 		}
 		outs[in.key] = append(outs[in.key], m)
@@ -269,6 +278,16 @@ func (pw *procWorkload) checkOutputs(c *tc.Cluster, stored []string, f *procFigu
 	}
 	f.Keyed = len(keyed)
 	return pw.checkKeyed(c, keyed, f)
+}
+
+// outputKey reports whether key is the idempotency key in's output should
+// carry: out-<input key> for a keyed input; none for an unkeyed one, or,
+// across data groups, the one process derives from the input's position.
+func (pw *procWorkload) outputKey(in *inRec, key string) bool {
+	if in.keyed {
+		return key == "out-"+in.key
+	}
+	return key == "" || pw.across && strings.HasPrefix(key, "mqd-process-")
 }
 
 func places(ms []tc.Message) string {
@@ -329,6 +348,10 @@ func (pw *procWorkload) checkKeyed(c *tc.Cluster, keyed []string, f *procFigures
 			continue
 		}
 		f.Traced++
+		if pw.across {
+			f.Republished += int(tr.Duplicates)
+			continue
+		}
 		if tr.Duplicates > 0 {
 			pw.violation("process-output-published-twice", "output key %s: %d publishes answered as its duplicates (the input was processed more than once)", keyed[i], tr.Duplicates)
 		}

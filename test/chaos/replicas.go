@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
@@ -43,14 +44,23 @@ type replicaState struct {
 // compareReplicas returns the differences between the nodes' states, or an
 // error if it could not catch them at one applied index.
 func compareReplicas(c *tc.Cluster, tmp string) ([]string, error) {
+	diffs, _, err := compareGroup(c.Nodes(), fsmFile, tmp)
+	return diffs, err
+}
+
+// compareGroup compares the state file at rel (relative to each node's
+// data directory) of the given nodes, the replicas of one group: it
+// answers the differences and the applied index they were compared at, or
+// an error if it could not catch them at one applied index.
+func compareGroup(nodes []*tc.Node, rel, tmp string) ([]string, uint64, error) {
 	var last []uint64
 	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 {
 			time.Sleep(300 * time.Millisecond)
 		}
-		states, err := snapshotReplicas(c, tmp)
+		states, err := snapshotReplicas(nodes, rel, tmp)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		last = last[:0]
 		same := true
@@ -63,14 +73,20 @@ func compareReplicas(c *tc.Cluster, tmp string) ([]string, error) {
 		if !same {
 			continue
 		}
-		return diffReplicas(states), nil
+		if states[0].applied == 0 {
+			return nil, 0, fmt.Errorf("%s: no applied index", rel)
+		}
+		return diffReplicas(states), states[0].applied, nil
 	}
-	return nil, fmt.Errorf("applied indexes never equal while frozen (last %v)", last)
+	return nil, 0, fmt.Errorf("%s: applied indexes never equal while frozen (last %v)", rel, last)
 }
 
-// snapshotReplicas freezes every node, copies its state file, and resumes it.
-func snapshotReplicas(c *tc.Cluster, tmp string) ([]replicaState, error) {
-	nodes := c.Nodes()
+// snapshotReplicas freezes the nodes, copies the state file at rel of
+// each, and resumes them.
+func snapshotReplicas(nodes []*tc.Node, rel, tmp string) ([]replicaState, error) {
+	if len(nodes) < 2 {
+		return nil, fmt.Errorf("%s: %d replicas, nothing to compare", rel, len(nodes))
+	}
 	for _, n := range nodes {
 		if !n.Live() {
 			return nil, fmt.Errorf("node %s is not running", n.ID())
@@ -82,8 +98,8 @@ func snapshotReplicas(c *tc.Cluster, tmp string) ([]replicaState, error) {
 	var copyErr error
 	paths := make([]string, len(nodes))
 	for i, n := range nodes {
-		paths[i] = filepath.Join(tmp, n.ID()+"-"+fsmFile)
-		b, err := os.ReadFile(filepath.Join(n.DataDir(), fsmFile))
+		paths[i] = filepath.Join(tmp, n.ID()+"-"+strings.ReplaceAll(rel, string(filepath.Separator), "-"))
+		b, err := os.ReadFile(filepath.Join(n.DataDir(), rel))
 		if err == nil {
 			err = os.WriteFile(paths[i], b, 0o600)
 		}

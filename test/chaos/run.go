@@ -44,12 +44,30 @@ type Config struct {
 	ProcessSplit      bool     // its stages publish, then ack (two calls): the broken stage the checker must catch
 	StageBinary       string   // the stage program ("": built from ./test/chaos/stage)
 	Light             bool     // a lighter main workload: one producer, one group, one consumer (see lighten)
+	DataGroups        bool     // five nodes with --data-groups, the workload over dataTopics (datagroups.go)
+}
+
+// dataShape gives cfg the data-groups mode's shape: the workload runs per
+// topic (dataTopics), each with 2 producers and groups g1, g2 of 2
+// consumers, so that three topics load five nodes about as the default
+// workload loads three.
+func dataShape(cfg *Config) {
+	cfg.DataGroups, cfg.Producers, cfg.Groups, cfg.ConsumersPerGroup = true, 2, []string{"g1", "g2"}, 2
 }
 
 // lighten makes cfg's main workload light (one producer, one group with
 // one consumer), for runs whose subject is the processing workload.
 func lighten(cfg *Config) {
 	cfg.Light, cfg.Producers, cfg.Groups, cfg.ConsumersPerGroup = true, 1, []string{"g1"}, 1
+}
+
+// DataGroupsConfig is the CI shape of a run in the data-groups mode: five
+// nodes with --data-groups, the workload over three topics placed in three
+// data groups led by three nodes, and the faults aimed at them.
+func DataGroupsConfig(seed int64, d time.Duration) Config {
+	cfg := DefaultConfig(seed, d)
+	dataShape(&cfg)
+	return cfg
 }
 
 // DefaultConfig is the CI shape of a run with the given seed and length.
@@ -104,11 +122,21 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if cfg.Light {
 		extra += " -chaos.light"
 	}
+	if cfg.DataGroups {
+		extra += " -chaos.data-groups"
+	}
 	repro := fmt.Sprintf("go test ./test/chaos/ -run 'TestChaos$' -chaos.runs 1 -chaos.seed %d -chaos.duration %v%s -v", cfg.Seed, cfg.Duration, extra)
 	if cfg.Soak {
 		repro = fmt.Sprintf("go test ./test/chaos/ -run TestSoak -soak %v -chaos.seed %d%s -timeout %v -v", cfg.Duration, cfg.Seed, extra, cfg.Duration+20*time.Minute)
 	}
 	t.Logf("chaos run: seed %d, %v of faults, TLS %v (reproduce: %s)", cfg.Seed, cfg.Duration, cfg.TLS, repro)
+	nodeCount, topics := 3, []string{topic}
+	if cfg.DataGroups {
+		nodeCount, topics = dataNodes, dataTopics
+		if len(cfg.Kinds) == 0 {
+			cfg.Kinds = dataKinds
+		}
+	}
 	cfg.Kinds = usablePowerKinds(t, cfg.Kinds)
 	power := &powerMounts{fs: map[string]*powerfs.FS{}}
 	withPower := slices.ContainsFunc(cfg.Kinds, isPower)
@@ -141,7 +169,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 	})
 	t.Cleanup(nw.Close)
 	proxies := map[string]*Proxy{}
-	for i := 1; i <= 3; i++ {
+	for i := 1; i <= nodeCount; i++ {
 		id := fmt.Sprintf("n%d", i)
 		p, err := nw.NewProxy(id)
 		if err != nil {
@@ -150,6 +178,7 @@ func Run(t *testing.T, cfg Config) *Figures {
 		proxies[id] = p
 	}
 	client := tc.NewClient(reqTimeout, 64)
+	admin := client // node-to-node routes (GET /v1/internal/status)
 	var tlsOpt []tc.Option
 	caPath := ""
 	if cfg.TLS {
@@ -157,10 +186,15 @@ func Run(t *testing.T, cfg Config) *Figures {
 		// 127.0.0.1, which the test certificates name.
 		ca := tc.NewCA(t, "chaos-ca")
 		client = tc.NewTLSClient(reqTimeout, 64, ca.Pool(), nil)
+		cert := ca.KeyPair("chaos-admin")
+		admin = tc.NewTLSClient(reqTimeout, 8, ca.Pool(), &cert)
 		tlsOpt = append(tlsOpt, tc.WithTLS(ca))
 		caPath = ca.CertPath()
 	}
-	c := tc.Start(t, 3, append(tlsOpt,
+	if cfg.DataGroups {
+		tlsOpt = append(tlsOpt, tc.WithFlags("--data-groups"))
+	}
+	c := tc.Start(t, nodeCount, append(tlsOpt,
 		tc.WithClient(client),
 		tc.WithReadyTimeout(60*time.Second),
 		tc.WithLogTail(120),
@@ -196,18 +230,30 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leader.PutTopic(setup, topic, map[string]any{
-		"partitions": cfg.Partitions, "max_retry": 3, "backoff_base_ms": 50, "backoff_max_ms": 1000,
-		"backoff_jitter_ms": 50, "ack_timeout_ms": 2000}); err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range cfg.Groups {
-		r, err := leader.Do(setup, http.MethodPut, groupPath(topic, g), nil, nil)
-		if err == nil {
-			err = r.Expect(http.StatusCreated, http.StatusOK)
+	for _, tp := range topics {
+		if _, err := leader.PutTopic(setup, tp, map[string]any{
+			"partitions": cfg.Partitions, "max_retry": 3, "backoff_base_ms": 50, "backoff_max_ms": 1000,
+			"backoff_jitter_ms": 50, "ack_timeout_ms": 2000}); err != nil {
+			t.Fatalf("create topic %s: %v", tp, err)
 		}
+		for _, g := range cfg.Groups {
+			r, err := leader.Do(setup, http.MethodPut, groupPath(tp, g), nil, nil)
+			if err == nil {
+				err = r.Expect(http.StatusCreated, http.StatusOK)
+			}
+			if err != nil {
+				t.Fatalf("create group %s of %s: %v", g, tp, err)
+			}
+		}
+	}
+	if cfg.DataGroups {
+		// Placement must have spread the topics before any fault.
+		spread, err := waitSpread(setup, c, topics)
 		if err != nil {
-			t.Fatalf("create group %s: %v", g, err)
+			t.Fatal(err)
+		}
+		for _, tp := range topics {
+			t.Logf("topic %s: data group %s, leader %s", tp, spread[tp][0], spread[tp][1])
 		}
 	}
 
@@ -217,10 +263,28 @@ func Run(t *testing.T, cfg Config) *Figures {
 			t.Fatal(err)
 		}
 		pw = newProcWorkload(t, cfg, c.Nodes(), caPath)
+		if cfg.DataGroups {
+			gin, _, err1 := topicPlacement(setup, leader, procIn)
+			gout, _, err2 := topicPlacement(setup, leader, procOut)
+			if err := cmp.Or(err1, err2); err != nil {
+				t.Fatalf("placement of %s, %s: %v", procIn, procOut, err)
+			}
+			pw.across = gin != gout
+			t.Logf("processing: %s in data group %s, %s in %s", procIn, gin, procOut, gout)
+		}
 	}
-	h := newHistory(cfg.Groups)
-	w := newWorkload(cfg, topic, c.Nodes(), h)
-	w.start()
+	hs := make([]*History, len(topics))
+	ws := make([]*workload, len(topics))
+	for i, tp := range topics {
+		hs[i] = newHistory(cfg.Groups)
+		ws[i] = newWorkload(cfg, tp, c.Nodes(), hs[i])
+		if cfg.DataGroups {
+			ws[i].salt, ws[i].seqPrefix = uint64(i+1)<<20, fmt.Sprintf("s%d-%s", cfg.Seed, tp)
+		}
+	}
+	for _, w := range ws {
+		w.start()
+	}
 	if pw != nil {
 		pw.start()
 		t.Cleanup(pw.halt)
@@ -231,25 +295,32 @@ func Run(t *testing.T, cfg Config) *Figures {
 			return
 		}
 		stopped = true
-		w.stopNew.Store(true)
-		w.finishBy.Store(time.Now().UnixNano())
-		w.stopRepl.Store(true)
-		w.stopCons.Store(true)
-		w.prodWG.Wait()
-		w.replWG.Wait()
-		w.consWG.Wait()
+		for _, w := range ws {
+			w.stopNew.Store(true)
+			w.finishBy.Store(time.Now().UnixNano())
+			w.stopRepl.Store(true)
+			w.stopCons.Store(true)
+		}
+		for _, w := range ws {
+			w.prodWG.Wait()
+			w.replWG.Wait()
+			w.consWG.Wait()
+		}
 	}
 	t.Cleanup(stopAll) // on every way out (t.Fatal from a node control included)
 
 	// Faults.
 	nm := newNemesis(t, c, nw, cfg.Seed, cfg.Kinds, power)
 	nm.noTorn = cfg.NoTorn
+	nm.groups, nm.admin = cfg.DataGroups, admin
 	if err := nm.Run(time.Now().Add(cfg.Duration), cfg.MaxFaults); err != nil {
 		t.Errorf("nemesis: %v", err)
 	}
 
 	// Heal, let the producers finish their current keys, drain.
-	w.stopNew.Store(true)
+	for _, w := range ws {
+		w.stopNew.Store(true)
+	}
 	if pw != nil {
 		pw.endFaults()
 	}
@@ -257,25 +328,48 @@ func Run(t *testing.T, cfg Config) *Figures {
 	if err := nm.waitReady(90*time.Second, "final heal"); err != nil {
 		t.Errorf("%v", err)
 	}
-	w.finishBy.Store(time.Now().Add(60 * time.Second).UnixNano())
-	w.prodWG.Wait()
-	w.stopRepl.Store(true)
-	w.replWG.Wait()
-	w.polite.Store(true)
+	if cfg.DataGroups {
+		if err := waitMoves(context.Background(), c, admin, 90*time.Second); err != nil {
+			t.Errorf("final heal: %v", err)
+		}
+	}
+	for _, w := range ws {
+		w.finishBy.Store(time.Now().Add(60 * time.Second).UnixNano())
+	}
+	for _, w := range ws {
+		w.prodWG.Wait()
+		w.stopRepl.Store(true)
+	}
+	for _, w := range ws {
+		w.replWG.Wait()
+		w.polite.Store(true)
+	}
 	nm.logf("producers done; draining")
-	fin, err := drain(c, cfg, w)
-	if err != nil {
-		t.Errorf("drain: %v", err)
+	fins := make([]Final, len(topics))
+	for i, tp := range topics {
+		fin, err := drain(c, cfg, tp)
+		if err != nil {
+			t.Errorf("drain %s: %v", tp, err)
+		}
+		fins[i] = fin
 	}
 	stopAll()
 	// Read the final state once more with every client stopped.
-	if f2, err := finalState(c, cfg); err != nil {
-		t.Errorf("final state: %v", err)
-	} else {
-		fin = f2
+	for i, tp := range topics {
+		if f2, err := finalState(c, cfg, tp); err != nil {
+			t.Errorf("final state of %s: %v", tp, err)
+		} else {
+			fins[i] = f2
+		}
 	}
 
-	figs := Check(h, fin, cfg.Groups)
+	figs := Check(hs[0], fins[0], cfg.Groups)
+	if cfg.DataGroups {
+		figs = &Figures{Ops: map[string]int{}, Violations: map[string][]string{}, Anomalies: map[string]int{}}
+		for i, tp := range topics {
+			figs.add(tp, Check(hs[i], fins[i], cfg.Groups))
+		}
+	}
 	if pw != nil {
 		pw.stopFaults()
 		nm.logf("processing: stage faults over; draining %s", procIn)
@@ -285,7 +379,19 @@ func Run(t *testing.T, cfg Config) *Figures {
 		pw.check(c, figs)
 	}
 	// Replicas must hold the same state at the same applied index.
-	if diffs, err := compareReplicas(c, t.TempDir()); err != nil {
+	if cfg.DataGroups {
+		// Per group; a comparison that cannot be made fails the run.
+		compared, diffs, err := compareGroups(c, t.TempDir())
+		figs.GroupsCompared = compared
+		switch {
+		case err != nil:
+			figs.Violations["replica-comparison"] = []string{err.Error()}
+		case len(diffs) > 0:
+			figs.Violations["replica-divergence"] = diffs
+		default:
+			figs.ReplicasCompared = true
+		}
+	} else if diffs, err := compareReplicas(c, t.TempDir()); err != nil {
 		t.Logf("replica comparison skipped: %v", err)
 		figs.Anomalies["replica comparison skipped"]++
 	} else if len(diffs) > 0 {
@@ -305,21 +411,25 @@ func Run(t *testing.T, cfg Config) *Figures {
 	}
 	if cfg.Keep != "" && t.Failed() {
 		os.MkdirAll(cfg.Keep, 0o755)
+		var events []string
+		for _, h := range hs {
+			events = append(events, h.events...)
+		}
 		os.WriteFile(filepath.Join(cfg.Keep, fmt.Sprintf("seed-%d-figures.txt", cfg.Seed)),
-			[]byte(figs.String()+"\nclient events (UTC):\n"+strings.Join(h.events, "\n")+"\n"), 0o644)
+			[]byte(figs.String()+"\nclient events (UTC):\n"+strings.Join(events, "\n")+"\n"), 0o644)
 	}
 	return figs
 }
 
-// finalState reads the topic stats and every group's DLQ, retrying
+// finalState reads topic's stats and every group's DLQ, retrying
 // transient errors for a bounded time.
-func finalState(c *tc.Cluster, cfg Config) (Final, error) {
+func finalState(c *tc.Cluster, cfg Config, topic string) (Final, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var last error
 	for ctx.Err() == nil {
 		for _, n := range c.Live() {
-			fin, err := finalVia(ctx, n, cfg)
+			fin, err := finalVia(ctx, n, cfg, topic)
 			if err == nil {
 				return fin, nil
 			}
@@ -330,7 +440,7 @@ func finalState(c *tc.Cluster, cfg Config) (Final, error) {
 	return Final{}, fmt.Errorf("%v (last error: %v)", ctx.Err(), last)
 }
 
-func finalVia(ctx context.Context, n *tc.Node, cfg Config) (Final, error) {
+func finalVia(ctx context.Context, n *tc.Node, cfg Config, topic string) (Final, error) {
 	fin := Final{DLQ: map[string][]deadLetter{}}
 	rctx, cancel := context.WithTimeout(ctx, reqTimeout)
 	s, err := n.Stats(rctx, topic)
@@ -349,9 +459,10 @@ func finalVia(ctx context.Context, n *tc.Node, cfg Config) (Final, error) {
 	return fin, nil
 }
 
-// drain lets the (now polite) consumers run until every group has nothing
-// left: backlog, in_flight, delayed and replay_pending all 0, twice in a row.
-func drain(c *tc.Cluster, cfg Config, w *workload) (Final, error) {
+// drain lets the (now polite) consumers run until every group of topic has
+// nothing left: backlog, in_flight, delayed and replay_pending all 0,
+// twice in a row.
+func drain(c *tc.Cluster, cfg Config, topic string) (Final, error) {
 	deadline := time.Now().Add(cfg.DrainTimeout)
 	var last Final
 	var lastErr error
@@ -364,7 +475,7 @@ func drain(c *tc.Cluster, cfg Config, w *workload) (Final, error) {
 			return last, fmt.Errorf("drain stalled: no change in %v: %+v", drainStall, last.Stats.Groups)
 		}
 		time.Sleep(500 * time.Millisecond)
-		fin, err := finalState(c, cfg)
+		fin, err := finalState(c, cfg, topic)
 		if err != nil {
 			lastErr = err
 			continue

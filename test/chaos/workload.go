@@ -47,6 +47,7 @@ type workload struct {
 	replWG    sync.WaitGroup
 	prodLeft  atomic.Int64
 	seqPrefix string
+	salt      uint64 // mixed into every client's seed: the workloads of several topics draw apart
 }
 
 func newWorkload(cfg Config, topic string, nodes []*tc.Node, h *History) *workload {
@@ -70,7 +71,7 @@ func (w *workload) start() {
 			w.consWG.Add(1)
 			go func() {
 				defer w.consWG.Done()
-				w.consumer(g, rand.New(rand.NewPCG(uint64(w.cfg.Seed), uint64(1000+gi*100+ci))))
+				w.consumer(g, rand.New(rand.NewPCG(uint64(w.cfg.Seed), uint64(1000+gi*100+ci)^w.salt)))
 			}()
 		}
 	}
@@ -80,7 +81,7 @@ func (w *workload) start() {
 	w.replWG.Add(1)
 	go func() {
 		defer w.replWG.Done()
-		w.replayer(rand.New(rand.NewPCG(uint64(w.cfg.Seed), 999)))
+		w.replayer(rand.New(rand.NewPCG(uint64(w.cfg.Seed), 999^w.salt)))
 	}()
 }
 
@@ -136,7 +137,7 @@ func parsePayload(b []byte) (key string, poison bool, ok bool) {
 }
 
 func (w *workload) producer(i int) {
-	rng := rand.New(rand.NewPCG(uint64(w.cfg.Seed), uint64(i)))
+	rng := rand.New(rand.NewPCG(uint64(w.cfg.Seed), uint64(i)^w.salt))
 	partKey := fmt.Sprintf("producer-%d", i)
 	var acked []*pubRec
 	for seq := 0; !w.stopNew.Load(); seq++ {

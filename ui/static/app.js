@@ -202,8 +202,9 @@ function renderCluster(c) {
 
 // renderDataGroups lists the data groups (--data-groups): their members,
 // the first of which is the preferred leader, the leader as the answering
-// node knows it (only for a group it holds a replica of), and how many
-// topics each holds. Without data groups the card stays hidden.
+// node knows it (every node learns every group's leader from its probes),
+// and how many topics each holds. Without data groups the card stays
+// hidden.
 function renderDataGroups(groups) {
   state.groupLeaders = new Map(groups.filter((g) => g.leader).map((g) => [g.id, g.leader]));
   $("#data-groups-card").hidden = groups.length === 0;
@@ -216,7 +217,7 @@ function renderDataGroups(groups) {
     el("td", { class: "group-leader" }, g.leader
       ? el("span", {}, el("span", { class: "state leader" }, g.leader),
         g.members && g.members[0] !== g.leader ? el("span", { class: "muted" }, " not the preferred") : null)
-      : el("span", { class: "muted", title: "the answering node holds no replica of this group, or it has no leader now" }, "not known here")),
+      : el("span", { class: "muted", title: "the group has no leader now (an election is under way, or a majority of its members is down), or its leader runs a release that does not report it to the nodes outside the group" }, "not known here")),
     el("td", { class: "num" }, fmtInt(g.topics)))));
 }
 
@@ -226,8 +227,8 @@ function renderDataGroups(groups) {
 function hasStats(t) { return Array.isArray(t.partitions); }
 
 // placementOf is a topic's raft group and leader, for people. The topic
-// list is answered by the metadata leader, which names the leader of the
-// groups it holds; the page's node may know the others' (renderDataGroups).
+// list is answered by the metadata leader, which names each group's leader
+// it knows; the page's node may know one it does not (renderDataGroups).
 function placementOf(t) {
   const p = t.placement || {};
   const leader = p.leader || (p.group && state.groupLeaders.get(p.group)) || "";
