@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -115,10 +114,7 @@ func (s *Server) fetchGroupCopy(gn groupedNode, addr string, part *raftfsm.Archi
 		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+s.opts.NodeToken)
 	}
 	resp.StreamBody = true
-	rctx, cancel := context.WithTimeout(context.Background(), backupFetchTimeout)
-	defer cancel()
-	dl, _ := rctx.Deadline()
-	if err := s.fwd.DoDeadline(req, resp, dl); err != nil {
+	if err := s.fwd.DoDeadline(req, resp, time.Now().Add(backupFetchTimeout)); err != nil {
 		return err
 	}
 	defer resp.CloseBodyStream() //nolint:errcheck // the answer is read or dropped

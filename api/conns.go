@@ -210,7 +210,7 @@ func (c *limitedConn) Close() error {
 	return err
 }
 
-// SyscallConn exposes the socket, for clientGone.
+// SyscallConn exposes the socket, for peekSocket.
 func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
 	if sc, ok := c.Conn.(syscall.Conn); ok {
 		return sc.SyscallConn()
@@ -223,29 +223,56 @@ func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
 // block. A parked long-poll checks it, so that a client that went away
 // does not keep holding the poll.
 func clientGone(c net.Conn) bool {
+	p := peekSocket(c)
+	return p == peekClosed || p == peekFailed
+}
+
+// peekResult is what one non-blocking peek at a socket found.
+type peekResult int
+
+const (
+	peekUnknown peekResult = iota // no socket beneath the connection, or no answer
+	peekEmpty                     // nothing to read: open, idle
+	peekData                      // bytes to read
+	peekClosed                    // the peer's orderly close (FIN)
+	peekFailed                    // an error: a reset, most often
+)
+
+// peekSocket looks at the socket beneath c (TCP, or TLS over TCP) with one
+// recv(MSG_PEEK|MSG_DONTWAIT), which consumes nothing. It goes through
+// Control, not through the poller, whose Read would refuse at once once
+// the read deadline a request left on the connection has passed (a
+// parked long-poll outlives the read timeout; an idle pooled connection
+// keeps its last request's deadline).
+func peekSocket(c net.Conn) peekResult {
 	if nc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
 		c = nc.NetConn()
 	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return false
+		return peekUnknown
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		return peekUnknown
 	}
-	gone := false
+	res := peekUnknown
 	var b [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
+	err = rc.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
+		case err == nil && n > 0:
+			res = peekData
 		case err == nil:
-			gone = n == 0 // orderly close
-		case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
+			res = peekClosed
+		case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EWOULDBLOCK), errors.Is(err, syscall.EINTR):
+			res = peekEmpty
 		default:
-			gone = true // reset
+			res = peekFailed
 		}
-		return true
 	})
-	return gone
+	if err != nil {
+		return peekUnknown
+	}
+	return res
 }

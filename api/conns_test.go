@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"testing"
+	"time"
 )
 
 // The fixed answers to refused connections are whole HTTP answers whose
@@ -35,5 +37,59 @@ func TestFixedConnectionAnswers(t *testing.T) {
 			t.Errorf("%d answer: status %d, Retry-After %q, Content-Length %d for a %d-byte body", c.status, resp.StatusCode,
 				resp.Header.Get("Retry-After"), resp.ContentLength, sent)
 		}
+	}
+}
+
+// clientGone sees a client's close after the read deadline the request
+// left on the connection has passed, as it has for a long-poll parked
+// longer than the read timeout: the peek does not go through the poller,
+// which refuses at once on a past deadline.
+func TestClientGoneAfterReadDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	if err := server.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if clientGone(server) {
+		t.Fatal("clientGone while the client is connected")
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for peekSocket(server) != peekData {
+		if time.Now().After(deadline) {
+			t.Fatalf("peek: %v, want bytes to read", peekSocket(server))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if clientGone(server) {
+		t.Fatal("clientGone with a byte to read from the client")
+	}
+	buf := make([]byte, 1)
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := server.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(-time.Second))
+	client.Close()
+	for !clientGone(server) {
+		if time.Now().After(deadline) {
+			t.Fatalf("clientGone false after the client closed (peek: %v)", peekSocket(server))
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

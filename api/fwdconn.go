@@ -1,10 +1,8 @@
 package api
 
 import (
-	"crypto/tls"
 	"errors"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/mqd/mqd/tlsconf"
@@ -66,7 +64,9 @@ func newForwardClient(l Limits, tlsStore *tlsconf.Store) *fasthttp.Client {
 	// effect even when no answer came.
 	c.RetryIfErr = func(_ *fasthttp.Request, _ int, err error) (bool, bool) {
 		if errors.Is(err, errStaleConn) {
-			// The peer restarted: its other idle connections are stale too.
+			// The peer restarted: its other idle connections are stale
+			// too. The client cannot close one host's only: the idle
+			// connections to every node go (a new dial each, no more).
 			c.CloseIdleConnections()
 			return false, true
 		}
@@ -101,29 +101,10 @@ func (c *reuseChecked) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// peerClosed reports whether the idle connection c (TCP, or TLS over TCP)
-// has anything to read: the peer's FIN, a reset, or bytes an idle HTTP
-// connection never gets (a TLS alert before a close). One recv with
-// MSG_PEEK|MSG_DONTWAIT, through Control: not through the poller, whose
-// Read would refuse at once on the read deadline the previous request
-// left on the connection (often past by now); false when it cannot tell.
+// peerClosed reports whether the idle connection c has anything to read:
+// the peer's FIN, a reset, or bytes an idle HTTP connection never gets (a
+// TLS alert before a close); false when it cannot tell.
 func peerClosed(c net.Conn) bool {
-	if t, ok := c.(*tls.Conn); ok {
-		c = t.NetConn()
-	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	closed := false
-	var b [1]byte
-	err = raw.Control(func(fd uintptr) {
-		n, _, rerr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		closed = n > 0 || rerr == nil || (rerr != syscall.EAGAIN && rerr != syscall.EWOULDBLOCK && rerr != syscall.EINTR)
-	})
-	return err == nil && closed
+	p := peekSocket(c)
+	return p == peekData || p == peekClosed || p == peekFailed
 }

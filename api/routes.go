@@ -88,7 +88,7 @@ type Route struct {
 type route struct {
 	def          *Route
 	topic, group string
-	dlqID        string          // the path's {id}: a dead letter's, or a node's
+	dlqID        string          // the path's {id}: a dead letter's, a node's, or a data group's
 	key          string          // the path's {key}: an idempotency key
 	id           *auth.Identity  // the caller's token; nil when auth is off
 	rest         string          // {name...}: the rest of the path

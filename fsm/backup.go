@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 
 	mlog "github.com/mqd/mqd/log"
 	bolt "go.etcd.io/bbolt"
@@ -46,16 +48,29 @@ func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
 	if err := room(b.Size); err != nil {
 		return nil, err
 	}
+	b.File, err = Spool(dir, func(w io.Writer) error {
+		_, err := tx.WriteTo(w)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Spool writes a backup's copy with write into an unlinked temporary file
+// in dir (a crash leaves nothing behind) and answers it positioned at its
+// start, for the caller to read and close; on an error nothing is left.
+func Spool(dir string, write func(io.Writer) error) (*os.File, error) {
 	tmp, err := os.CreateTemp(dir, "backup-*.tmp")
 	if err != nil {
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	// Unlinked at once: a crash leaves nothing behind.
 	if err := os.Remove(tmp.Name()); err != nil {
 		tmp.Close()
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	if _, err := tx.WriteTo(tmp); err != nil {
+	if err := write(tmp); err != nil {
 		tmp.Close()
 		return nil, fmt.Errorf("backup copy: %w", err)
 	}
@@ -63,8 +78,7 @@ func (f *FSM) Backup(dir string, room func(size int64) error) (*Backup, error) {
 		tmp.Close()
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	b.File = tmp
-	return b, nil
+	return tmp, nil
 }
 
 func metaApplied(tx *bolt.Tx) (index, term uint64) {
@@ -156,9 +170,9 @@ type RestoredGroup struct {
 // had more, the count to grow back to (Directory.Want, which a rebalance
 // fills once nodes have joined); a group the directory records but groups
 // lacks is dropped with its placements; and every topic of groups is
-// placed in its group, so that a topic created in a data group after the
-// metadata's copy was taken is found all the same. The file must be a
-// metadata state: one with a directory.
+// placed in its group (restoredPlacements), so that a topic created in a
+// data group after the metadata's copy was taken is found all the same.
+// The file must be a metadata state: one with a directory.
 func RestoreDirectory(path, id string, groups map[string]RestoredGroup) error {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoGrowSync: true})
 	if err != nil {
@@ -170,22 +184,9 @@ func RestoreDirectory(path, id string, groups map[string]RestoredGroup) error {
 		if old == nil {
 			return fmt.Errorf("%w: the metadata state has no directory of data groups", ErrNotBackup)
 		}
-		keep := map[string]string{} // topic → group, of the groups restored
-		err := old.ForEach(func(k, v []byte) error {
-			if len(k) > 1 && k[0] == 't' {
-				if _, ok := groups[string(v)]; ok {
-					keep[string(k[1:])] = string(v)
-				}
-			}
-			return nil
-		})
+		keep, err := restoredPlacements(old, groups)
 		if err != nil {
 			return err
-		}
-		for g, rg := range groups {
-			for _, t := range rg.Topics {
-				keep[t] = g
-			}
 		}
 		if err := tx.DeleteBucket(bktDirectory); err != nil {
 			return err
@@ -215,4 +216,35 @@ func RestoreDirectory(path, id string, groups map[string]RestoredGroup) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 	return db.Sync()
+}
+
+// restoredPlacements is topic → group of a restored directory: the
+// placements of the old directory old in the groups restored, and each
+// topic the state of a restored group holds. A topic two groups hold
+// (which placement should prevent) stays where old placed it if that group
+// holds it, else goes to the lowest id of the groups that hold it: the
+// same on every run, whatever the order of a map.
+func restoredPlacements(old *bolt.Bucket, groups map[string]RestoredGroup) (map[string]string, error) {
+	placed := map[string]string{} // topic → group, as old placed it, of the groups restored
+	err := old.ForEach(func(k, v []byte) error {
+		if len(k) > 1 && k[0] == 't' {
+			if _, ok := groups[string(v)]; ok {
+				placed[string(k[1:])] = string(v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	keep := maps.Clone(placed)
+	for _, g := range slices.Sorted(maps.Keys(groups)) {
+		for _, t := range groups[g].Topics {
+			d := keep[t]
+			if d == "" || d == placed[t] && d != g && !slices.Contains(groups[d].Topics, t) {
+				keep[t] = g
+			}
+		}
+	}
+	return keep, nil
 }

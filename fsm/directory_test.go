@@ -171,3 +171,51 @@ func TestRestoreDirectory(t *testing.T) {
 		t.Error("RestoreDirectory of a file without a directory succeeded")
 	}
 }
+
+// TestRestoreDirectoryTopicInTwoGroups: a topic the states of two restored
+// groups hold stays in the group the directory placed it in, when that
+// group holds it, and otherwise goes to the lowest id; the same on every
+// run (RestoreDirectory once ranged over a map).
+func TestRestoreDirectoryTopicInTwoGroups(t *testing.T) {
+	h := mustFSM(t)
+	h.must(&command.Command{Op: command.OpSetFormat, Now: 1, Format: DirectoryFormat})
+	for _, c := range []*command.Command{
+		{Op: command.OpCreateGroup, Now: 1, Group: "g1", Members: []string{"n1"}},
+		{Op: command.OpCreateGroup, Now: 1, Group: "g2", Members: []string{"n2"}},
+		{Op: command.OpCreateGroup, Now: 1, Group: "g3", Members: []string{"n3"}},
+		{Op: command.OpPlaceTopic, Now: 1, Topic: "x", Group: "g2"},
+		{Op: command.OpPlaceTopic, Now: 1, Topic: "z", Group: "g3"},
+	} {
+		h.must(c)
+	}
+	b, err := h.f.Backup(t.TempDir(), func(int64) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := io.ReadAll(b.File)
+	b.File.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]RestoredGroup{"g1": {Topics: []string{"x", "y", "z"}}, "g2": {Topics: []string{"x", "y"}},
+		"g3": {Topics: []string{"y"}}}
+	want := map[string]string{"x": "g2", "y": "g1", "z": "g1"}
+	for range 20 {
+		path := filepath.Join(t.TempDir(), "meta.db")
+		if err := os.WriteFile(path, state, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := RestoreDirectory(path, "r1", groups); err != nil {
+			t.Fatal(err)
+		}
+		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := (&FSM{db: db}).Directory().Topics
+		db.Close()
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("restored placements %v, want %v", got, want)
+		}
+	}
+}

@@ -3,11 +3,13 @@ package raftfsm
 import (
 	"archive/tar"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mqd/mqd/fsm"
@@ -102,38 +104,22 @@ func isArchive(head []byte) bool {
 // metadata's directory names that node the only member of every group.
 func restoreArchive(dataDir string, r io.Reader, id, raftAddr string) (*Restored, error) {
 	tr := tar.NewReader(r)
-	h, err := tr.Next()
-	if err != nil || h.Name != manifestName || h.Size > 1<<20 {
-		return nil, fmt.Errorf("restore: %w: an archive must start with %s", fsm.ErrNotBackup, manifestName)
-	}
-	var m ArchiveManifest
-	if err := json.NewDecoder(io.LimitReader(tr, h.Size)).Decode(&m); err != nil {
-		return nil, fmt.Errorf("restore: %w: %s: %v", fsm.ErrNotBackup, manifestName, err)
-	}
-	if err := m.check(); err != nil {
+	m, err := readManifest(tr)
+	if err != nil {
 		return nil, err
 	}
-	files := map[string]string{} // archive file name → its copy in dataDir
-	for range m.Groups {
-		h, err := tr.Next()
-		if err != nil {
-			return nil, fmt.Errorf("restore: %w: the archive ends before its groups' files (%v)", fsm.ErrNotBackup, err)
-		}
-		g := m.group(h.Name)
-		if g == nil || files[h.Name] != "" || h.Size != g.Size {
-			return nil, fmt.Errorf("restore: %w: file %q is not in the manifest, is there twice or has another size", fsm.ErrNotBackup, h.Name)
-		}
-		tmp := filepath.Join(dataDir, "restore-"+g.ID+".db.tmp")
-		if err := copyToFile(tmp, io.LimitReader(tr, h.Size)); err != nil {
-			return nil, err
-		}
-		files[h.Name] = tmp
+	if err := archiveRoom(dataDir, m); err != nil {
+		return nil, err
 	}
+	files, err := spoolArchive(tr, m, dataDir)
 	defer func() {
 		for _, f := range files {
 			os.Remove(f)
 		}
 	}()
+	if err != nil {
+		return nil, err
+	}
 	out := &Restored{Groups: map[string]uint64{}}
 	groups := map[string]fsm.RestoredGroup{}
 	for _, g := range m.Groups {
@@ -171,6 +157,96 @@ func restoreArchive(dataDir string, r io.Reader, id, raftAddr string) (*Restored
 	return out, nil
 }
 
+// maxManifest bounds an archive's manifest.
+const maxManifest = 1 << 20
+
+// readManifest reads and checks the manifest, an archive's first entry.
+func readManifest(tr *tar.Reader) (*ArchiveManifest, error) {
+	h, err := tr.Next()
+	if err != nil || h.Name != manifestName || h.Size > maxManifest || checkEntry(h) != nil {
+		return nil, fmt.Errorf("restore: %w: an archive must start with %s", fsm.ErrNotBackup, manifestName)
+	}
+	var m ArchiveManifest
+	if err := json.NewDecoder(io.LimitReader(tr, h.Size)).Decode(&m); err != nil {
+		return nil, fmt.Errorf("restore: %w: %s: %w", fsm.ErrNotBackup, manifestName, err)
+	}
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// archiveRoom refuses, before anything is written, an archive whose files
+// would not fit in the free space of the data dir's filesystem: each is
+// copied out of the archive, then into its snapshot, so twice their sizes
+// (the manifest's, which each entry must match).
+func archiveRoom(dataDir string, m *ArchiveManifest) error {
+	free, _, err := fsSpace(dataDir)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	var need uint64
+	for _, g := range m.Groups {
+		// Checked at each file, so that need, at most free plus twice
+		// maxStateFile, cannot wrap around however many files there are.
+		if need += 2 * uint64(g.Size); need > free {
+			return fmt.Errorf("restore: %w: the archive's files need more than the %d bytes free in %s",
+				ErrInsufficientStorage, free, dataDir)
+		}
+	}
+	return nil
+}
+
+// spoolArchive copies the files of the manifest m from tr, which must hold
+// them and nothing else, each once, as a regular file of the size m says,
+// into temporary files in dataDir. It answers archive file name → its
+// copy, the files copied so far when it fails (the caller removes them).
+func spoolArchive(tr *tar.Reader, m *ArchiveManifest, dataDir string) (map[string]string, error) {
+	files := map[string]string{}
+	for range m.Groups {
+		h, err := tr.Next()
+		if err != nil {
+			return files, fmt.Errorf("restore: %w: the archive ends before its groups' files (%w)", fsm.ErrNotBackup, err)
+		}
+		g := m.group(h.Name)
+		if g == nil || files[h.Name] != "" || h.Size != g.Size {
+			return files, fmt.Errorf("restore: %w: file %q is not in the manifest, is there twice or has another size", fsm.ErrNotBackup, h.Name)
+		}
+		if err := checkEntry(h); err != nil {
+			return files, err
+		}
+		tmp := filepath.Join(dataDir, "restore-"+g.ID+".db.tmp")
+		files[h.Name] = tmp
+		if err := copyToFile(tmp, io.LimitReader(tr, h.Size)); err != nil {
+			return files, err
+		}
+	}
+	switch h, err := tr.Next(); {
+	case err == nil:
+		return files, fmt.Errorf("restore: %w: file %q follows the manifest's files (not in it, or there twice)", fsm.ErrNotBackup, h.Name)
+	case !errors.Is(err, io.EOF):
+		return files, fmt.Errorf("restore: %w: after the groups' files: %w", fsm.ErrNotBackup, err)
+	}
+	return files, nil
+}
+
+// checkEntry refuses an archive entry that is not a plain regular file: a
+// link, a directory, a device, or a sparse file (whose holes a reader
+// would expand into far more than the archive holds).
+func checkEntry(h *tar.Header) error {
+	sparse := false
+	for k := range h.PAXRecords {
+		sparse = sparse || strings.HasPrefix(k, "GNU.sparse.")
+	}
+	if h.Typeflag != tar.TypeReg || sparse {
+		return fmt.Errorf("restore: %w: %q is not a regular file", fsm.ErrNotBackup, h.Name)
+	}
+	return nil
+}
+
+// maxStateFile bounds the size a manifest may give a group's file (1 PiB).
+const maxStateFile = 1 << 50
+
 // check refuses a manifest this binary cannot restore.
 func (m *ArchiveManifest) check() error {
 	bad := func(why string) error { return fmt.Errorf("restore: %w: %s", fsm.ErrNotBackup, why) }
@@ -185,12 +261,21 @@ func (m *ArchiveManifest) check() error {
 		if err := replica.ValidateGroupID(g.ID); err != nil {
 			return bad(err.Error())
 		}
-		if seen[g.ID] || seen["f"+g.File] || g.File == "" || g.File == manifestName || g.Size < 0 {
-			return bad(fmt.Sprintf("group %q or file %q twice, or empty", g.ID, g.File))
+		if seen[g.ID] || seen["f"+g.File] || g.File == "" || g.File == manifestName || g.Size < 0 || g.Size > maxStateFile {
+			return bad(fmt.Sprintf("group %q or file %q twice, empty, or of size %d", g.ID, g.File, g.Size))
+		}
+		if !plainName(g.File) {
+			return bad(fmt.Sprintf("file %q is not a plain file name", g.File))
 		}
 		seen[g.ID], seen["f"+g.File] = true, true
 	}
 	return nil
+}
+
+// plainName reports whether an archive's file name is one name, with no
+// directory: unpacked by hand (tar x), it stays in the current directory.
+func plainName(name string) bool {
+	return name != "." && name != ".." && !strings.ContainsAny(name, `/\`) && !strings.ContainsRune(name, 0)
 }
 
 func (m *ArchiveManifest) group(file string) *ArchiveGroup {

@@ -187,4 +187,12 @@ func TestPlanGrowth(t *testing.T) {
 	if again := planGrowth(groups, voters, want); len(again) != 0 {
 		t.Errorf("a grown cluster planned %v", again)
 	}
+	// Where there is a choice, the least loaded voter, ties to the lowest
+	// id: r4 (no replica) for g1; then r2 and r3 for g2 (each holding one,
+	// as r4 does by then: r2 the lowest, then r3, r2 holding two).
+	groups = map[string][]string{"g1": {"r1"}, "g2": {"r1"}, "g3": {"r2", "r3"}}
+	moves = planGrowth(groups, []string{"r1", "r2", "r3", "r4"}, map[string]int{"g1": 2, "g2": 3})
+	if !slices.Equal(groups["g1"], []string{"r1", "r4"}) || !slices.Equal(groups["g2"], []string{"r1", "r2", "r3"}) {
+		t.Errorf("growth on four voters: %v (moves %v); want g1 [r1 r4], g2 [r1 r2 r3]", groups, moves)
+	}
 }

@@ -63,6 +63,12 @@ func PrepareRestore(dataDir string, backup io.Reader, id, raftAddr string) (res 
 		return nil, err
 	}
 	defer func() {
+		// bbolt panics on some damaged pages of a file it opens (an
+		// assertion on a page's id or type): here that is bad input, a
+		// refusal like any other, not a crash that leaves the files.
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("restore: %w: a state file is damaged (%v)", fsm.ErrNotBackup, p)
+		}
 		lock.release()
 		if err != nil { // leave the directory empty again, for another try
 			ents, _ := os.ReadDir(dataDir)
@@ -173,23 +179,10 @@ func (n *Node) SpoolBackup(r io.Reader, size int64) (*os.File, error) {
 	if err := n.backupRoom(size); err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(n.cfg.DataDir, "backup-*.tmp")
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if err := os.Remove(f.Name()); err != nil { // a crash leaves nothing behind
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if _, err := io.CopyN(f, r, size); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	return f, nil
+	return fsm.Spool(n.cfg.DataDir, func(w io.Writer) error {
+		_, err := io.CopyN(w, r, size)
+		return err
+	})
 }
 
 // backupRoom refuses a copy of size bytes that would leave less free

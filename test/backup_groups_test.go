@@ -3,6 +3,7 @@ package test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -37,7 +38,10 @@ func TestBackupDataGroups(t *testing.T) {
 	nodes := c.Nodes()
 	topics := []string{"bk-a", "bk-b", "bk-c"}
 	for i, tp := range topics {
-		mustTopic(t, nodes[i], tp, map[string]any{"partitions": 2})
+		// Kept an hour: with the default retention the 4 messages bk-a's
+		// only group acks would be trimmed about a second later, before
+		// or after the copy, and the check below reads every message.
+		mustTopic(t, nodes[i], tp, map[string]any{"partitions": 2, "retention_ms": 3600000})
 	}
 	waitSpread(t, nodes[0], topics)
 	// The first single-replica topic goes to n1's group of one: the backup
@@ -76,29 +80,7 @@ func TestBackupDataGroups(t *testing.T) {
 
 	// The backup node's own replicas have applied all of it (a follower's
 	// copy holds what it applied): its stale reads show it.
-	for _, tp := range all {
-		for {
-			var st tc.TopicStats
-			r, err := via.Do(ctx, http.MethodGet, "/v1/topics/"+tp+"?stale=ok", nil, nil)
-			if err == nil {
-				err = r.JSON(&st)
-			}
-			done := err == nil && st.NextOffsets() == 10
-			switch tp {
-			case "bk-a":
-				done = done && st.Groups["workers"].Acked == 4
-			case "bk-b":
-				done = done && st.Groups["billing"].DLQ == 1
-			}
-			if done {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s's replica of %s: %+v %v", via, tp, st, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitReplicasApplied(ctx, t, via, all)
 
 	r, err := via.Do(ctx, http.MethodGet, "/v1/cluster/backup", nil, nil)
 	if err != nil || r.Expect(http.StatusOK) != nil {
@@ -158,25 +140,7 @@ func TestBackupDataGroups(t *testing.T) {
 		}
 	}
 	// Every topic's every message, through a new group.
-	for _, tp := range all {
-		got, err := drain(rctx, n, tp, "check", time.Second)
-		if err != nil {
-			t.Fatalf("drain %s on the restored node: %v", tp, err)
-		}
-		var keys []string
-		for _, m := range got {
-			keys = append(keys, m.IdempotencyKey)
-		}
-		slices.Sort(keys)
-		var want []string
-		for i := range 10 {
-			want = append(want, fmt.Sprintf("%s-k%d", tp, i))
-		}
-		slices.Sort(want)
-		if !slices.Equal(keys, want) {
-			t.Errorf("restored %s holds %v, want %v", tp, keys, want)
-		}
-	}
+	checkRestoredKeys(rctx, t, n, all)
 	// The group's progress: the 6 it had not acked, none of the 4 it had.
 	got, err := drain(rctx, n, "bk-a", "workers", time.Second)
 	if err != nil {
@@ -205,14 +169,76 @@ func TestBackupDataGroups(t *testing.T) {
 		t.Errorf("a new key on the restored node answered duplicate: %+v", pr)
 	}
 
-	// Two nodes join; a rebalance grows each restored group back to the
-	// members it had (three; one for the single-replica group), and the
-	// new replicas hold the topics.
+	growRestored(rctx, t, rc, topics)
+}
+
+// waitReplicasApplied waits until via's replicas of topics show, read
+// stale, the 10 messages of each and what TestBackupDataGroups did to
+// bk-a's and bk-b's groups.
+func waitReplicasApplied(ctx context.Context, t *testing.T, via *tc.Node, topics []string) {
+	t.Helper()
+	for _, tp := range topics {
+		for {
+			var st tc.TopicStats
+			r, err := via.Do(ctx, http.MethodGet, "/v1/topics/"+tp+"?stale=ok", nil, nil)
+			if err == nil {
+				err = r.JSON(&st)
+			}
+			done := err == nil && st.NextOffsets() == 10
+			switch tp {
+			case "bk-a":
+				done = done && st.Groups["workers"].Acked == 4
+			case "bk-b":
+				done = done && st.Groups["billing"].DLQ == 1
+			}
+			if done {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s's replica of %s: %+v %v", via, tp, st, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// checkRestoredKeys checks that n delivers every one of the 10 keys
+// <topic>-k<i> of each of topics to a new consumer group.
+func checkRestoredKeys(ctx context.Context, t *testing.T, n *tc.Node, topics []string) {
+	t.Helper()
+	for _, tp := range topics {
+		got, err := drain(ctx, n, tp, "check", time.Second)
+		if err != nil {
+			t.Fatalf("drain %s on the restored node: %v", tp, err)
+		}
+		var keys []string
+		for _, m := range got {
+			keys = append(keys, m.IdempotencyKey)
+		}
+		slices.Sort(keys)
+		var want []string
+		for i := range 10 {
+			want = append(want, fmt.Sprintf("%s-k%d", tp, i))
+		}
+		slices.Sort(want)
+		if !slices.Equal(keys, want) {
+			t.Errorf("restored %s holds %v, want %v", tp, keys, want)
+		}
+	}
+}
+
+// growRestored joins two nodes to the restored cluster rc and checks that
+// a rebalance grows each restored group back to the members it had
+// (three; one for the single-replica group), and that the new replicas
+// hold topics, all of three replicas.
+func growRestored(ctx context.Context, t *testing.T, rc *tc.Cluster, topics []string) {
+	t.Helper()
+	n := rc.Node(0)
 	n2, n3 := rc.AddNode("n2"), rc.AddNode("n3")
-	if _, err := rc.WaitReady(rctx); err != nil {
+	if _, err := rc.WaitReady(ctx); err != nil {
 		t.Fatalf("nodes joining the restored cluster: %v", err)
 	}
-	r, err = n.Do(rctx, http.MethodPost, "/v1/cluster/rebalance", nil, nil)
+	r, err := n.Do(ctx, http.MethodPost, "/v1/cluster/rebalance", nil, nil)
 	if err == nil {
 		err = r.Expect(http.StatusOK)
 	}
@@ -221,29 +247,29 @@ func TestBackupDataGroups(t *testing.T) {
 	}
 	t.Logf("rebalance of the restored cluster: %s", r.Body)
 	for id, want := range map[string]int{"g1": 3, "g2": 3, "g3": 3, "g4": 1} {
-		ms, err := clusterGroups(rctx, n)
+		ms, err := clusterGroups(ctx, n)
 		if err != nil || len(ms[id]) != want {
 			t.Fatalf("after the rebalance group %s has members %v (%v), want %d", id, ms[id], err, want)
 		}
 	}
 	for _, tp := range topics {
 		for {
-			_, _, reps, err := topicPlacement(rctx, n, tp)
+			_, _, reps, err := topicPlacement(ctx, n, tp)
 			var st tc.TopicStats
-			r, serr := n3.Do(rctx, http.MethodGet, "/v1/topics/"+tp+"?stale=ok", nil, nil)
+			r, serr := n3.Do(ctx, http.MethodGet, "/v1/topics/"+tp+"?stale=ok", nil, nil)
 			if serr == nil {
 				serr = r.JSON(&st)
 			}
 			if err == nil && len(reps) == 3 && serr == nil && st.NextOffsets() == 10 {
 				break
 			}
-			if rctx.Err() != nil {
+			if ctx.Err() != nil {
 				t.Fatalf("topic %s: replicas %v (%v); %s's replica %+v (%v); want 3 replicas, 10 messages", tp, reps, err, n3, st, serr)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	if _, err := publishRetry(rctx, []*tc.Node{n2}, "bk-a", "after-growth"); err != nil {
+	if _, err := publishRetry(ctx, []*tc.Node{n2}, "bk-a", "after-growth"); err != nil {
 		t.Fatalf("publish after the growth: %v", err)
 	}
 }

@@ -81,14 +81,6 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 			t.Fatalf("%s after its upgrade: %v", n, err)
 		}
 	}
-	format := func(n *tc.Node) int {
-		t.Helper()
-		st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.StateFormat
-	}
 
 	// All old: leases granted by the old binary, half of them acked now.
 	publish(leader, 100)
@@ -136,7 +128,7 @@ func TestRollingUpgradeFromOlderRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range followers {
-		if f := format(n); f != 1 {
+		if f := mustStateFormat(ctx, t, n); f != 1 {
 			t.Fatalf("%s: state_format %d with an older member in the cluster, want 1", n, f)
 		}
 	}
@@ -272,88 +264,10 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 	ctx := ctxFor(t, 170*time.Second)
 	nodes := c.Nodes()
 	leader, followers := mustRoles(t, c)
-	format := func(n *tc.Node) int {
-		t.Helper()
-		st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.StateFormat
-	}
-	formatIs := func(want int, when string) {
-		t.Helper()
-		for _, n := range nodes {
-			if _, err := waitNodeStatus(ctx, n, fmt.Sprint("state_format ", want), func(st nodeStatus) bool { return st.StateFormat == want }); err != nil {
-				t.Fatalf("%s: %v", when, err)
-			}
-		}
-	}
-	stillOld := func(when string) {
-		t.Helper()
-		for _, n := range nodes {
-			if f := format(n); f != 3 {
-				t.Fatalf("%s: %s has state_format %d with a member on the old binary, want 3", when, n, f)
-			}
-		}
-	}
-	stop := func(n *tc.Node) {
-		t.Helper()
-		if err := n.Stop(); err != nil {
-			t.Fatalf("graceful stop of %s: %v", n, err)
-		}
-	}
-	startNew := func(n *tc.Node) {
-		t.Helper()
-		n.SetBinary("") // this repository's binary
-		n.SetArgs(append(n.Args(), "--data-groups"))
-		n.Restart()
-		if err := n.WaitReady(ctx); err != nil {
-			t.Fatalf("%s after its upgrade: %v", n, err)
-		}
-	}
-	upgrade := func(n *tc.Node) {
-		t.Helper()
-		stop(n)
-		startNew(n)
-	}
-	// create creates a topic through via, again after no answer or a 503
-	// (a PUT may be repeated), but for 503 state_format_too_old (a rolling
-	// upgrade must not refuse creations) and for a forward whose
-	// connection was closed before the answer: no node stops while a
-	// topic is created here, so that is a forward sent on a pooled
-	// connection of a process that stopped since (api/fwdconn.go).
-	create := func(via *tc.Node, topic string) {
-		t.Helper()
-		for try := 0; ; try++ {
-			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			r, err := via.PutTopic(rctx, topic, map[string]any{"partitions": 2})
-			cancel()
-			var se *tc.StatusError
-			switch {
-			case err == nil && (r.Status == http.StatusCreated || try > 0 && r.Status == http.StatusOK):
-				return
-			case err == nil:
-				t.Fatalf("create topic %s via %s: %d %s, want 201", topic, via, r.Status, r.Body)
-			case errors.As(err, &se) && (se.Code == "state_format_too_old" || retryReason(err) == "503 unavailable (connection closed)"),
-				!retryable(err), ctx.Err() != nil:
-				t.Fatalf("create topic %s via %s: %v", topic, via, err)
-			}
-			t.Logf("create topic %s via %s: %v; again", topic, via, err)
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	inDefault := func(via *tc.Node, topics ...string) {
-		t.Helper()
-		for _, tp := range topics {
-			if g, _, _, err := topicPlacement(ctx, via, tp); err != nil || g != "" {
-				t.Fatalf("topic %s via %s: group %q (%v), want the default group", tp, via, g, err)
-			}
-		}
-	}
-
+	u := &rollUpgrade{t: t, ctx: ctx, nodes: nodes, heldAcks: map[string]int{}}
 	// All on the previous release, in its newest format: a topic with
 	// leases the old binary grants (half acked by it), and traffic.
-	formatIs(3, "the previous release")
+	u.formatIs(3, "the previous release")
 	mustTopic(t, leader, "pre", map[string]any{"partitions": 2})
 	mustTopic(t, leader, "pre-held", map[string]any{"partitions": 2, "ack_timeout_ms": 300000})
 	var heldValues []string
@@ -364,26 +278,8 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 		batch = append(batch, map[string]any{"value": v, "idempotency_key": v})
 	}
 	rtPublishBatch(t, leader, "pre-held", batch)
-	heldAcks := map[string]int{}
-	ackHeld := func(via *tc.Node, msgs []tc.Message, what string) {
-		t.Helper()
-		for len(msgs) > 0 {
-			k := min(len(msgs), 100)
-			res, _, err := via.Ack(ctx, "pre-held", "held", rtReceipts(msgs[:k]))
-			if err != nil || len(res) != k {
-				t.Fatalf("ack of %s via %s: %d results for %d receipts, %v", what, via, len(res), k, err)
-			}
-			for i, r := range res {
-				if r.Status != "ok" {
-					t.Fatalf("ack of %s via %s: %s answered %q, want ok", what, via, mustValue(msgs[i]), r.Status)
-				}
-				heldAcks[string(mustValue(msgs[i]))]++
-			}
-			msgs = msgs[k:]
-		}
-	}
 	held := rtFetchN(t, followers[0], "pre-held", "held", 20, 10*time.Second, 300000)
-	ackHeld(followers[1], held[:10], "leases of the old binary, by it")
+	u.ackHeld(followers[1], held[:10], "leases of the old binary, by it")
 	heldOld := held[10:]
 
 	tr := startRollTraffic(ctx, t, nodes, "pre")
@@ -393,11 +289,11 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 	// The followers first. With an old leader the state stays in format
 	// 3, and a topic created through an upgraded node is the old leader's
 	// to create: in the default group.
-	upgrade(followers[0])
+	u.upgrade(followers[0])
 	tr.waitProgress("after the first upgrade", 10, "pre")
-	stillOld("one member upgraded")
-	create(followers[0], "mid-a")
-	inDefault(followers[0], "mid-a")
+	u.stillOld("one member upgraded")
+	u.create(followers[0], "mid-a")
+	u.inDefault(followers[0], "mid-a")
 	tr.add("mid-a")
 
 	// An upgraded node leads while both other members run the old
@@ -429,40 +325,32 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	createAtOnce := func(via *tc.Node, topic string) {
-		t.Helper()
-		start := time.Now()
-		create(via, topic)
-		if d := time.Since(start); d >= 3*time.Second {
-			t.Errorf("creating %s with an old member took %v: placement waited for a format that cannot come", topic, d)
-		}
-	}
-	createAtOnce(followers[1], "mid-b")
-	inDefault(newLeader, "mid-b")
+	u.createAtOnce(followers[1], "mid-b")
+	u.inDefault(newLeader, "mid-b")
 	tr.add("mid-b")
 	tr.waitProgress("with an upgraded leader", 10, "pre", "mid-a", "mid-b")
-	stillOld("an upgraded leader, two old members")
+	u.stillOld("an upgraded leader, two old members")
 
 	// The other two, one by one. While the last old member is down for
 	// its upgrade, a new topic still goes to the default group at once
 	// (the leader last heard it reads format 3).
-	upgrade(followers[1])
+	u.upgrade(followers[1])
 	tr.waitProgress("after the second upgrade", 10, "pre", "mid-b")
-	stillOld("two members upgraded")
-	stop(leader)
-	createAtOnce(followers[1], "mid-c")
-	inDefault(newLeader, "mid-c")
+	u.stillOld("two members upgraded")
+	u.stop(leader)
+	u.createAtOnce(followers[1], "mid-c")
+	u.inDefault(newLeader, "mid-c")
 	tr.add("mid-c")
-	startNew(leader)
+	u.startNew(leader)
 
 	// Every member runs this binary: the format rises to 4 everywhere.
 	// The topics made before stay in the default group; new ones go to
 	// data groups led by three different nodes.
-	formatIs(fsm.StateFormat, "every member upgraded")
-	inDefault(nodes[2], "pre", "pre-held", "mid-a", "mid-b", "mid-c")
+	u.formatIs(fsm.StateFormat, "every member upgraded")
+	u.inDefault(nodes[2], "pre", "pre-held", "mid-a", "mid-b", "mid-c")
 	post := []string{"post-a", "post-b", "post-c"}
 	for i, tp := range post {
-		create(nodes[i], tp)
+		u.create(nodes[i], tp)
 	}
 	waitSpread(t, nodes[0], post)
 	tr.add(post...)
@@ -478,24 +366,153 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 		}
 	}
 	// Leases the old binary granted are acked by the new one.
-	ackHeld(nodes[1], heldOld, "leases of the old binary, by this one")
+	u.ackHeld(nodes[1], heldOld, "leases of the old binary, by this one")
 	tr.waitProgress("after the upgrade", 20, append([]string{"pre", "mid-a", "mid-b", "mid-c"}, post...)...)
 	tr.finish()
 	t.Logf("traffic: %s", tr.summary())
 
 	// Every acknowledged publish consumed and acked once; the old
 	// binary's leases too; the replicas of every group agree.
+	u.checkEnd(c, tr, heldValues)
+}
+
+// rollUpgrade is TestRollingUpgradeIntoDataGroups's cluster and the
+// steps it takes on it.
+type rollUpgrade struct {
+	t        *testing.T
+	ctx      context.Context
+	nodes    []*tc.Node
+	heldAcks map[string]int // value of pre-held → acks answered ok
+}
+
+// formatIs waits until every node answers state format want.
+func (u *rollUpgrade) formatIs(want int, when string) {
+	u.t.Helper()
+	for _, n := range u.nodes {
+		if _, err := waitNodeStatus(u.ctx, n, fmt.Sprint("state_format ", want), func(st nodeStatus) bool { return st.StateFormat == want }); err != nil {
+			u.t.Fatalf("%s: %v", when, err)
+		}
+	}
+}
+
+// stillOld checks that every node answers state format 3.
+func (u *rollUpgrade) stillOld(when string) {
+	u.t.Helper()
+	for _, n := range u.nodes {
+		if f := mustStateFormat(u.ctx, u.t, n); f != 3 {
+			u.t.Fatalf("%s: %s has state_format %d with a member on the old binary, want 3", when, n, f)
+		}
+	}
+}
+
+func (u *rollUpgrade) stop(n *tc.Node) {
+	u.t.Helper()
+	if err := n.Stop(); err != nil {
+		u.t.Fatalf("graceful stop of %s: %v", n, err)
+	}
+}
+
+// startNew starts n on this repository's binary with --data-groups.
+func (u *rollUpgrade) startNew(n *tc.Node) {
+	u.t.Helper()
+	n.SetBinary("") // this repository's binary
+	n.SetArgs(append(n.Args(), "--data-groups"))
+	n.Restart()
+	if err := n.WaitReady(u.ctx); err != nil {
+		u.t.Fatalf("%s after its upgrade: %v", n, err)
+	}
+}
+
+func (u *rollUpgrade) upgrade(n *tc.Node) {
+	u.t.Helper()
+	u.stop(n)
+	u.startNew(n)
+}
+
+// create creates a topic through via, again after no answer or a 503
+// (a PUT may be repeated), but for 503 state_format_too_old (a rolling
+// upgrade must not refuse creations) and for a forward whose
+// connection was closed before the answer: no node stops while a
+// topic is created here, so that is a forward sent on a pooled
+// connection of a process that stopped since (api/fwdconn.go).
+func (u *rollUpgrade) create(via *tc.Node, topic string) {
+	u.t.Helper()
+	for try := 0; ; try++ {
+		rctx, cancel := context.WithTimeout(u.ctx, 10*time.Second)
+		r, err := via.PutTopic(rctx, topic, map[string]any{"partitions": 2})
+		cancel()
+		var se *tc.StatusError
+		switch {
+		case err == nil && (r.Status == http.StatusCreated || try > 0 && r.Status == http.StatusOK):
+			return
+		case err == nil:
+			u.t.Fatalf("create topic %s via %s: %d %s, want 201", topic, via, r.Status, r.Body)
+		case errors.As(err, &se) && (se.Code == "state_format_too_old" || retryReason(err) == "503 unavailable (connection closed)"),
+			!retryable(err), u.ctx.Err() != nil:
+			u.t.Fatalf("create topic %s via %s: %v", topic, via, err)
+		}
+		u.t.Logf("create topic %s via %s: %v; again", topic, via, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// createAtOnce is create within 3 s: placement does not wait for a
+// format that cannot come.
+func (u *rollUpgrade) createAtOnce(via *tc.Node, topic string) {
+	u.t.Helper()
+	start := time.Now()
+	u.create(via, topic)
+	if d := time.Since(start); d >= 3*time.Second {
+		u.t.Errorf("creating %s with an old member took %v: placement waited for a format that cannot come", topic, d)
+	}
+}
+
+// inDefault checks that via places topics in the default group.
+func (u *rollUpgrade) inDefault(via *tc.Node, topics ...string) {
+	u.t.Helper()
+	for _, tp := range topics {
+		if g, _, _, err := topicPlacement(u.ctx, via, tp); err != nil || g != "" {
+			u.t.Fatalf("topic %s via %s: group %q (%v), want the default group", tp, via, g, err)
+		}
+	}
+}
+
+// ackHeld acks msgs of pre-held's group "held" through via, each ok.
+func (u *rollUpgrade) ackHeld(via *tc.Node, msgs []tc.Message, what string) {
+	u.t.Helper()
+	for len(msgs) > 0 {
+		k := min(len(msgs), 100)
+		res, _, err := via.Ack(u.ctx, "pre-held", "held", rtReceipts(msgs[:k]))
+		if err != nil || len(res) != k {
+			u.t.Fatalf("ack of %s via %s: %d results for %d receipts, %v", what, via, len(res), k, err)
+		}
+		for i, r := range res {
+			if r.Status != "ok" {
+				u.t.Fatalf("ack of %s via %s: %s answered %q, want ok", what, via, mustValue(msgs[i]), r.Status)
+			}
+			u.heldAcks[string(mustValue(msgs[i]))]++
+		}
+		msgs = msgs[k:]
+	}
+}
+
+// checkEnd checks, once the traffic has finished, that every
+// acknowledged publish was consumed and acked once, the old binary's
+// leases of heldValues too, and that the replicas of every group agree.
+func (u *rollUpgrade) checkEnd(c *tc.Cluster, tr *rollTraffic, heldValues []string) {
+	t, ctx, nodes := u.t, u.ctx, u.nodes
+	t.Helper()
 	tr.check(ctx, nodes[0])
 	rest, err := drain(ctx, nodes[2], "pre-held", "held", time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range values(t, rest) {
-		heldAcks[v]++
+		u.heldAcks[v]++
 	}
 	for _, v := range heldValues {
-		if heldAcks[v] != 1 {
-			t.Errorf("pre-held: %s acked %d times, want once", v, heldAcks[v])
+		if u.heldAcks[v] != 1 {
+			t.Errorf("pre-held: %s acked %d times, want once", v, u.heldAcks[v])
 		}
 	}
 	if t.Failed() {
@@ -513,4 +530,14 @@ func TestRollingUpgradeIntoDataGroups(t *testing.T) {
 		}
 		compareStateFiles(t, ns, filepath.Join("groups", id, "fsm.db"))
 	}
+}
+
+// mustStateFormat is the state format n answers in its status.
+func mustStateFormat(ctx context.Context, t *testing.T, n *tc.Node) int {
+	t.Helper()
+	st, err := waitNodeStatus(ctx, n, "an answer", func(nodeStatus) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.StateFormat
 }
