@@ -104,6 +104,49 @@ func (s *Server) pollViaLeader(ctx *fasthttp.RequestCtx, r *route, fa fetchArgs)
 	}
 }
 
+// memberPollChunk bounds the wait of each fetch a node forwards for a
+// long-poll of a topic whose data group it holds no replica of.
+const memberPollChunk = time.Second
+
+// pollViaMember serves a long-polling fetch of a topic in data group id,
+// of which this node holds no replica, so has no state to wait on: it
+// forwards the poll (to the group's leader, else a member) as fetches of at
+// most memberPollChunk of wait, each on one of the long-polls' forwarding
+// slots (half the pool), until one answers messages, anything but 200, or
+// the wait is over. A parked poll thus never holds a pooled connection for
+// long, nor more than half of them: the rest stay for writes.
+func (s *Server) pollViaMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string, fa fetchArgs) error {
+	rctx, cancel, err := deadline(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	end := time.Now().Add(time.Duration(fa.waitMs) * time.Millisecond)
+	for {
+		ctx.Request.SetBody(fa.body(min(time.Until(end), memberPollChunk)))
+		select {
+		case s.pollFwd <- struct{}{}:
+		case <-rctx.Done():
+			return fmt.Errorf("%w: no forwarding slot for the fetch within its deadline", ErrUnavailable)
+		}
+		err := s.toGroupMember(ctx, gn, id)
+		<-s.pollFwd
+		if err != nil || ctx.Response.StatusCode() != 200 || !time.Now().Before(end) {
+			return err
+		}
+		var got struct {
+			Messages []json.RawMessage `json:"messages"`
+		}
+		if json.Unmarshal(ctx.Response.Body(), &got) != nil || len(got.Messages) > 0 {
+			return nil
+		}
+		if clientGone(ctx.Conn()) {
+			return fmt.Errorf("%w: fetch abandoned", ErrClientGone)
+		}
+		ctx.Response.Reset()
+	}
+}
+
 // mayLease reports whether this node's state says a fetch of the group
 // would lease something (or create the group): when in doubt, yes. If not,
 // due is when the group's next waiting message becomes due (zero: none).

@@ -96,6 +96,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, r *route, stale bool) error 
 			if id := s.topicGroup(ctx, gn, r.topic); id != "" {
 				v, held := s.waitView(ctx, gn, id)
 				if !held {
+					if fa, ok := longPoll(ctx, r); ok {
+						return s.pollViaMember(ctx, gn, id, fa)
+					}
 					return s.toGroupMember(ctx, gn, id)
 				}
 				sv, r.def = v, &v.table[r.def.idx]

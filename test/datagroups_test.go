@@ -294,6 +294,54 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 	next := waitLeaderKnown(lctx, t, g, tp, members, outside, leader)
 	t.Logf("group %s: leader %s killed, %s leads; the nodes outside it, %v, know it", g, leader, next, outside)
 	oneHop(lctx, t, tp, outside[1], slices.DeleteFunc(slices.Clone(nodes), func(n *tc.Node) bool { return n.ID() == leader }), 3)
+	chunkedPoll(lctx, t, tp, outside[1], members[0])
+}
+
+// chunkedPoll: a long-poll through via, a node outside tp's group, is
+// forwarded as fetches of at most a second's wait (so it never holds a
+// forwarding connection for its whole wait), and answers a message
+// published through pub while it waits.
+func chunkedPoll(ctx context.Context, t *testing.T, tp string, via, pub *tc.Node) {
+	t.Helper()
+	if _, err := drain(ctx, via, tp, "lp", time.Second); err != nil {
+		t.Fatalf("drain %s/lp through %s: %v", tp, via, err)
+	}
+	forwards := func() float64 {
+		c := forwardCounts(ctx, t, []*tc.Node{via})[via.ID()]
+		return c["leader"] + c["member"]
+	}
+	before := forwards()
+	type answer struct {
+		msgs []tc.Message
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		msgs, _, err := via.Fetch(ctx, tp, "lp", tc.FetchRequest{Max: 1, WaitMs: 10000})
+		done <- answer{msgs, err}
+	}()
+	// Two forwards mean the first fetch came back empty and the poll goes on.
+	for forwards() < before+2 {
+		select {
+		case a := <-done:
+			t.Fatalf("the long-poll through %s ended after %v forwards: %d messages, %v; want it to wait, forwarded in chunks", via, forwards()-before, len(a.msgs), a.err)
+		case <-ctx.Done():
+			t.Fatalf("a long-poll through %s, outside %s's group: %v forwards, want at least 2 (chunks of at most 1 s)", via, tp, forwards()-before)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	v := tp + "-during-poll"
+	if _, err := publishRetry(ctx, []*tc.Node{pub}, tp, v); err != nil {
+		t.Fatalf("publish %s through %s: %v", v, pub, err)
+	}
+	select {
+	case a := <-done:
+		if a.err != nil || len(a.msgs) != 1 || string(mustValue(a.msgs[0])) != v {
+			t.Fatalf("the long-poll through %s answered %d messages, %v; want [%s]", via, len(a.msgs), a.err, v)
+		}
+	case <-ctx.Done():
+		t.Fatalf("the long-poll through %s did not answer the message published while it waited", via)
+	}
 }
 
 // groupLeaderVia is data group g's leader as n reports it: in GET
