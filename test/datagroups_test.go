@@ -82,7 +82,7 @@ func TestDataGroups(t *testing.T) {
 		for _, tp := range topics {
 			for i, n := range via {
 				v := fmt.Sprintf("%s-%s-%d", tp, round, i)
-				pr, err := publishRetry(ctx, []*tc.Node{n}, tp, v)
+				pr, err := publishKeyedRetry(ctx, []*tc.Node{n}, tp, v)
 				if err != nil {
 					t.Fatalf("publish %s via %s: %v", v, n, err)
 				}
@@ -221,7 +221,7 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 			}
 			outside++
 			v := tp + "-via-" + n.ID()
-			if _, err := publishRetry(ctx, []*tc.Node{n}, tp, v); err != nil {
+			if _, err := publishKeyedRetry(ctx, []*tc.Node{n}, tp, v); err != nil {
 				t.Fatalf("publish to %s through %s, which holds no replica: %v", tp, n, err)
 			}
 			msgs, err := drain(ctx, n, tp, "g", time.Second)
@@ -248,7 +248,7 @@ func TestDataGroupsFiveNodes(t *testing.T) {
 			t.Fatalf("topic %s: replicas %v %v, want %d", tp, reps, err, want)
 		}
 		v := tp + "-msg"
-		if _, err := publishRetry(ctx, []*tc.Node{nodes[3]}, tp, v); err != nil {
+		if _, err := publishKeyedRetry(ctx, []*tc.Node{nodes[3]}, tp, v); err != nil {
 			t.Fatalf("publish to %s: %v", tp, err)
 		}
 		msgs, err := drain(ctx, nodes[2], tp, "g", time.Second)
@@ -331,7 +331,7 @@ func chunkedPoll(ctx context.Context, t *testing.T, tp string, via, pub *tc.Node
 		}
 	}
 	v := tp + "-during-poll"
-	if _, err := publishRetry(ctx, []*tc.Node{pub}, tp, v); err != nil {
+	if _, err := publishKeyedRetry(ctx, []*tc.Node{pub}, tp, v); err != nil {
 		t.Fatalf("publish %s through %s: %v", v, pub, err)
 	}
 	select {
@@ -457,7 +457,7 @@ func oneHop(ctx context.Context, t *testing.T, tp string, via *tc.Node, nodes []
 	before := forwardCounts(ctx, t, nodes)
 	for i := range k {
 		v := fmt.Sprintf("%s-one-hop-via-%s-%d", tp, via.ID(), i)
-		if _, err := publishRetry(ctx, []*tc.Node{via}, tp, v); err != nil {
+		if _, err := publishKeyedRetry(ctx, []*tc.Node{via}, tp, v); err != nil {
 			t.Fatalf("publish %s through %s: %v", v, via, err)
 		}
 	}
@@ -648,7 +648,7 @@ func TestDataGroupsMoves(t *testing.T) {
 				default:
 				}
 				v := fmt.Sprintf("%s-%d", tp, k)
-				if _, err := publishRetry(ctx, []*tc.Node{pubs[i]}, tp, v); err != nil {
+				if _, err := publishKeyedRetry(ctx, []*tc.Node{pubs[i]}, tp, v); err != nil {
 					t.Errorf("publish %s: %v", v, err)
 					return
 				}
@@ -719,7 +719,7 @@ func TestDataGroupsReplicaMovedOffWhileDown(t *testing.T) {
 	for _, tp := range topics {
 		mustTopic(t, c.Node(1), tp, nil)
 		v := tp + "-before"
-		if _, err := publishRetry(ctx, []*tc.Node{c.Node(1)}, tp, v); err != nil {
+		if _, err := publishKeyedRetry(ctx, []*tc.Node{c.Node(1)}, tp, v); err != nil {
 			t.Fatalf("publish %s: %v", v, err)
 		}
 		acked[tp] = append(acked[tp], v)
@@ -751,7 +751,7 @@ func TestDataGroupsReplicaMovedOffWhileDown(t *testing.T) {
 	}
 	for _, tp := range topics {
 		v := tp + "-after"
-		if _, err := publishRetry(ctx, []*tc.Node{c.Node(2)}, tp, v); err != nil {
+		if _, err := publishKeyedRetry(ctx, []*tc.Node{c.Node(2)}, tp, v); err != nil {
 			t.Fatalf("publish %s: %v", v, err)
 		}
 		acked[tp] = append(acked[tp], v)

@@ -30,11 +30,25 @@ var (
 // ctx ends. It retries only after no answer or 503; since every retry may
 // store the message again, use it only where duplicates do not matter.
 func publishRetry(ctx context.Context, nodes []*tc.Node, topic, payload string) (tc.PublishResult, error) {
+	return publishRetryWith(ctx, nodes, topic, payload, map[string]string{"Mq-Timeout-Ms": "3000"})
+}
+
+// publishKeyedRetry is publishRetry with the payload as the publish's
+// Idempotency-Key, so that a retry after an answer lost to a fault (a
+// leader stepping down between commit and answer: 503, outcome unknown)
+// stores the message once, as a client's retry must (SPEC section 13).
+// For tests that count every acknowledged publish exactly once across
+// faults; payloads must be unique within the topic.
+func publishKeyedRetry(ctx context.Context, nodes []*tc.Node, topic, payload string) (tc.PublishResult, error) {
+	return publishRetryWith(ctx, nodes, topic, payload, map[string]string{"Mq-Timeout-Ms": "3000", "Idempotency-Key": payload})
+}
+
+func publishRetryWith(ctx context.Context, nodes []*tc.Node, topic, payload string, hdr map[string]string) (tc.PublishResult, error) {
 	var last error
 	for i := 0; ; i++ {
 		n := nodes[i%len(nodes)]
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pr, _, err := n.Publish(rctx, topic, []byte(payload), map[string]string{"Mq-Timeout-Ms": "3000"})
+		pr, _, err := n.Publish(rctx, topic, []byte(payload), hdr)
 		cancel()
 		if err == nil {
 			return pr, nil
