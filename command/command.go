@@ -97,7 +97,15 @@ type Command struct {
 	// Members (OpCreateGroup, OpSetMembers): the node ids of data group
 	// Group's replicas, the first the one that should lead it.
 	Members []string
+	// Replicas (OpCreateGroup): the replica count the group was placed
+	// for; more than len(Members) when the cluster had fewer voters, and
+	// the metadata leader then grows it as voters join (raftfsm/moves.go).
+	Replicas int
 }
+
+// maxReplicas bounds a decoded OpCreateGroup's Replicas (the API allows
+// 1, 3 or 5): a larger one is a corrupt entry.
+const maxReplicas = 1 << 10
 
 // Output is one message an OpProcess publishes, to any topic, placed on
 // its partition by the leader.
@@ -288,6 +296,9 @@ func (c *Command) encode(e *mlog.Enc) {
 		for _, m := range c.Members {
 			e.Str(m)
 		}
+		if c.Op == OpCreateGroup {
+			e.U64(uint64(c.Replicas))
+		}
 	case OpPlaceTopic:
 		e.Str(c.Topic)
 		e.Str(c.Group)
@@ -434,6 +445,13 @@ func Decode(b []byte) (*Command, error) {
 		c.Members = make([]string, n)
 		for i := range c.Members {
 			c.Members[i] = d.Str()
+		}
+		if c.Op == OpCreateGroup {
+			r := d.U64()
+			if r > maxReplicas {
+				return nil, fmt.Errorf("%w: %d replicas for group %s", mlog.ErrCorrupt, r, c.Group)
+			}
+			c.Replicas = int(r)
 		}
 	case OpPlaceTopic:
 		c.Topic, c.Group = d.Str(), d.Str()

@@ -78,7 +78,8 @@ func sampleCommands() []*Command {
 				BackoffBaseMs: -1, BackoffJitterMs: -1, Attrs: []mlog.Attr{{Name: "k", Value: "v"}}, Value: []byte("p")}}},
 			{Topic: "audit", Placed: mlog.Placed{Msg: &mlog.Message{MaxRetry: 1, BackoffBaseMs: -1, BackoffJitterMs: -1, Value: []byte{}}}},
 		}},
-		{Op: OpCreateGroup, Now: 22, Group: "g1", Members: []string{"n2", "n3", "n1"}},
+		{Op: OpCreateGroup, Now: 22, Group: "g1", Members: []string{"n2", "n3", "n1"}, Replicas: 3},
+		{Op: OpCreateGroup, Now: 25, Group: "g2", Members: []string{"n1"}, Replicas: 3},
 		{Op: OpPlaceTopic, Now: 23, Topic: "orders", Group: "g1"},
 		{Op: OpSetMembers, Now: 24, Group: "g1", Members: []string{"n4", "n3", "n1"}},
 	}

@@ -60,8 +60,12 @@ type Directory struct {
 	Moved map[string]bool
 	// Topics: topic → data group id, for the topics placed in one.
 	Topics map[string]string
-	// Want: data group id → the members it should have, for a group a
-	// restore left with fewer than it had (a rebalance adds them).
+	// Want: data group id → the members it should have: the replica
+	// count it was created for (OpCreateGroup's Replicas; more than its
+	// members when the cluster had fewer voters), or for a restored
+	// group the members it had. Whenever it has fewer (created small, a
+	// restore, a removed node no other could replace) the metadata leader
+	// adds voters as they join (raftfsm/moves.go). Absent: its members.
 	Want map[string]int
 }
 
@@ -179,8 +183,17 @@ func applyCreateGroup(tx *bolt.Tx, c *command.Command, ev *Events) error {
 		return fmt.Errorf("%w: group %s exists with other members", ErrGroupMembers, c.Group)
 	}
 	ev.DirectoryChanged = true
+	if c.Replicas > 1 {
+		if err := b.Put(append([]byte{'w'}, c.Group...), binary.BigEndian.AppendUint64(nil, uint64(c.Replicas))); err != nil {
+			return err
+		}
+	}
 	return b.Put(key, encodeMembers(0, c.Members))
 }
+
+// WantOf is the number of members data group g should have: its Want, or
+// as many as it has.
+func (d *Directory) WantOf(g string) int { return max(d.Want[g], len(d.Groups[g])) }
 
 // applySetMembers sets the members of data group c.Group (a move, a
 // drain, a rebalance); the same members again change nothing.

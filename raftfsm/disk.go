@@ -88,8 +88,8 @@ const diskRefresh = time.Second
 // data dir at most diskRefresh old, so the check costs a publish a few
 // atomic operations. Between readings it counts the bytes it admitted
 // (twice: the raft log and the state both store them; four times once
-// the next snapshot is counted too, which grows with the state, and the
-// state takes up to 1.34 bytes per payload byte) and reads again as soon
+// the groups' next snapshots are counted too, which grow with the state,
+// and the state takes up to 1.34 bytes per payload byte) and reads again as soon
 // as they may have used up the margin over the threshold, so a fast
 // writer cannot run the disk full within one refresh interval.
 type diskGuard struct {
@@ -104,33 +104,73 @@ type diskGuard struct {
 	admitted atomic.Uint64 // bytes admitted since the last reading, times perByte
 	perByte  atomic.Uint64 // disk bytes to count per byte admitted
 	low      atomic.Bool
-	extra    atomic.Uint64 // kept free on top of the threshold (reserve)
-	// snapshot, once set, is about the bytes the node's next snapshot
-	// writes (FSM.NextSnapshotSize), kept free on top of the rest.
-	snapshot atomic.Pointer[func() uint64]
+	extra    atomic.Uint64 // kept free on top of the threshold: every group's segment
+
+	gmu    sync.Mutex
+	groups map[string]groupSpace // by raft group id: what each held group keeps free
 }
 
-// countSnapshots keeps the next snapshot's size free too (unless the
-// check is off): a snapshot is written by the node itself, whatever it
-// refuses, and one that fills the disk fails and leaves the log growing.
-func (g *diskGuard) countSnapshots(size func() uint64) {
-	if g.min.Percent >= 0 {
-		g.snapshot.Store(&size)
-		g.perByte.Store(4)
+// groupSpace is what one raft group the node holds keeps free on top of
+// the threshold (unless the check is off): the bytes its next snapshot
+// writes (FSM.NextSnapshotSize), which the node writes itself whatever it
+// refuses, and one that fills the disk fails and leaves the log growing;
+// and room for its next raft-wal segment, which is preallocated whole when
+// the current one is full, so that acks and other small writes can still
+// be logged once publishes are refused.
+type groupSpace struct {
+	snapshot func() uint64
+	segment  uint64
+}
+
+// track counts group id's space (groupSpace) from now on: the default
+// group and every data group the node opens, each with a log and state
+// files of its own.
+func (g *diskGuard) track(id string, snapshot func() uint64, segment uint64) {
+	if g.min.Percent < 0 {
+		return
 	}
+	g.gmu.Lock()
+	if g.groups == nil {
+		g.groups = map[string]groupSpace{}
+	}
+	g.groups[id] = groupSpace{snapshot: snapshot, segment: segment}
+	g.sumSegments()
+	g.gmu.Unlock()
+	g.perByte.Store(4)
+	g.checked.Store(0) // read again with it
+}
+
+// untrack stops counting group id (closed, or moved off this node).
+func (g *diskGuard) untrack(id string) {
+	g.gmu.Lock()
+	delete(g.groups, id)
+	g.sumSegments()
+	g.gmu.Unlock()
 	g.checked.Store(0)
 }
 
-// reserve keeps size bytes free on top of the threshold (unless the check
-// is off): room for the next raft-wal segment, which is preallocated whole
-// when the current one is full, so that acks and other small writes can
-// still be logged once publishes are refused, and the copy that
-// compaction or a snapshot needs (countSnapshots).
-func (g *diskGuard) reserve(size uint64) {
-	if g.min.Percent >= 0 {
-		g.extra.Store(size)
+// sumSegments sets extra to the groups' segments; gmu held.
+func (g *diskGuard) sumSegments() {
+	var sum uint64
+	for _, s := range g.groups {
+		sum += s.segment
 	}
-	g.checked.Store(0) // read again with it
+	g.extra.Store(sum)
+}
+
+// snapshots is the bytes the held groups' next snapshots write.
+func (g *diskGuard) snapshots() uint64 {
+	g.gmu.Lock()
+	fns := make([]func() uint64, 0, len(g.groups))
+	for _, s := range g.groups {
+		fns = append(fns, s.snapshot)
+	}
+	g.gmu.Unlock()
+	var sum uint64
+	for _, fn := range fns {
+		sum += fn() // outside gmu: it reads the group's state file
+	}
+	return sum
 }
 
 func newDiskGuard(dir string, min MinFree, logger *slog.Logger) *diskGuard {
@@ -177,10 +217,7 @@ func (g *diskGuard) refresh(now time.Time) {
 		g.checked.Store(now.UnixNano())
 		return
 	}
-	need := g.min.threshold(total) + g.extra.Load()
-	if fn := g.snapshot.Load(); fn != nil {
-		need += (*fn)()
-	}
+	need := g.min.threshold(total) + g.extra.Load() + g.snapshots()
 	g.free.Store(free)
 	g.need.Store(need)
 	g.admitted.Store(0)

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"log/slog"
 	"testing"
 )
 
@@ -81,5 +82,39 @@ func TestMemberMargin(t *testing.T) {
 	m.set(r)
 	if _, over := m.admit(1); !over {
 		t.Fatal("admitted with a member at its floor")
+	}
+}
+
+// Every group the node holds keeps its own raft-wal segment and next
+// snapshot free (data groups are the default: a node holds several), not
+// only the default group's; a group that leaves stops counting.
+func TestDiskGuardCountsEveryGroup(t *testing.T) {
+	dir := t.TempDir()
+	free, _, err := fsSpace(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free < 1<<30 {
+		t.Skipf("needs 1 GiB free in %s, has %d", dir, free)
+	}
+	// Margins of hundreds of MiB: other processes' writes meanwhile move
+	// the free space by far less.
+	g := newDiskGuard(dir, MinFree{Bytes: free - 400<<20}, slog.Default())
+	const mib = 1 << 20
+	g.track("default", func() uint64 { return 100 * mib }, 64*mib)
+	if g.lowNow() {
+		t.Fatalf("low with 164 MiB kept of a 400 MiB margin: need %d, free %d", g.need.Load(), g.free.Load())
+	}
+	g.track("g1", func() uint64 { return 100 * mib }, 64*mib)
+	if g.lowNow() {
+		t.Fatalf("low with 328 MiB kept of a 400 MiB margin: need %d, free %d", g.need.Load(), g.free.Load())
+	}
+	g.track("g2", func() uint64 { return 100 * mib }, 64*mib)
+	if !g.lowNow() {
+		t.Fatalf("not low with 492 MiB kept of a 400 MiB margin: need %d, free %d", g.need.Load(), g.free.Load())
+	}
+	g.untrack("g2")
+	if g.lowNow() {
+		t.Fatalf("low after g2 left: need %d, free %d", g.need.Load(), g.free.Load())
 	}
 }

@@ -203,6 +203,7 @@ func (n *Node) shutdownDataGroups() error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for id, g := range open {
+		n.disk.untrack(id) // its state file closes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

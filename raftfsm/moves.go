@@ -155,6 +155,7 @@ func (n *Node) leaveDataGroup(g *replica.Group) {
 	}
 	delete(n.data.open, g.ID())
 	n.data.mu.Unlock()
+	n.disk.untrack(g.ID())
 	err := g.Shutdown()
 	if rerr := os.RemoveAll(g.Dir()); err == nil {
 		err = rerr
@@ -241,9 +242,10 @@ func (n *Node) replaceMember(ctx context.Context, id string, gone bool) ([]Move,
 }
 
 // Rebalance evens out replicas and preferred leaders over the current
-// voters (on the metadata leader): first a group a restore left with fewer
-// members than it had (Directory.Want) gets the least loaded voters it
-// lacks, as many as there are; then, while one voter holds two replicas
+// voters (on the metadata leader): first a group with fewer members than it
+// should have (Directory.WantOf; growGroups does the same every second with
+// the voters that answer) gets the least loaded voters it lacks, as many as
+// there are; then, while one voter holds two replicas
 // more than another, a replica moves from the most to the least loaded (a
 // group that has the one and not the other); then, while one voter is the
 // preferred leader of two groups more than another, a group whose members
@@ -269,6 +271,39 @@ func (n *Node) Rebalance(ctx context.Context) ([]Move, error) {
 		}
 	}
 	return moves, nil
+}
+
+// growGroups, on the metadata leader every second, adds voters to each
+// data group with fewer members than it should have (Directory.WantOf: a
+// group placed while the cluster had fewer voters than its topics'
+// replicas, one a restore left smaller, one a removed node left a replica
+// short) while voters it lacks answer the probes: a topic asked for three
+// replicas on a one-node cluster gets them as two nodes join, as every
+// voter of the default group holds every topic. Each addition is a move
+// (the group's leader adds the replica through raft: moves above).
+func (n *Node) growGroups(ctx context.Context) {
+	dir := n.FSM.Directory()
+	if len(dir.Want) == 0 {
+		return
+	}
+	voters, err := n.voterIDs()
+	if err != nil {
+		return
+	}
+	probes := n.formatProbes(time.Now())
+	live := slices.DeleteFunc(voters, func(v string) bool { return v != n.cfg.ID && !probes[v].fresh })
+	groups := map[string][]string{}
+	for id, ms := range dir.Groups {
+		groups[id] = slices.Clone(ms)
+	}
+	for _, m := range planGrowth(groups, live, dir.Want) {
+		if err := n.setMembers(ctx, m.Group, groups[m.Group]); err != nil {
+			n.logger.Warn("data group: grow", "group", m.Group, "members", groups[m.Group], "err", err)
+			return
+		}
+		n.logger.Info("data group: grow to the replicas it was placed for", "group", m.Group, "node", m.To,
+			"members", groups[m.Group], "want", dir.Want[m.Group])
+	}
 }
 
 // planGrowth adds to each group with fewer members than want names (and

@@ -217,17 +217,22 @@ func (n *Node) groupHooks(id string) replica.Hooks {
 		Unfit:          func() bool { return n.Clock().Bad },
 		TransferTarget: n.transferTarget,
 	}
+	track := func(g *replica.Group) {
+		var seg uint64
+		if g.LogStore() == replica.LogStoreWAL {
+			seg = uint64(walSegmentSize(n.cfg.DataDir)) // raft-wal preallocates each segment whole
+		}
+		n.disk.track(id, g.FSM().NextSnapshotSize, seg) // disk.go; compact.go
+	}
 	if id != replica.DefaultGroup {
 		h.Lead = n.dataLead
+		h.Opened = func(g *replica.Group) error { track(g); return nil }
 		return h
 	}
 	h.CheckStores = func(g *replica.Group) error { return n.checkID(g.Stable()) }
 	h.Opened = func(g *replica.Group) error {
-		n.disk.countSnapshots(g.FSM().NextSnapshotSize) // compact.go
-		n.checkClockAtStart(g.FSM().Now())              // before anything records the clock again
-		if g.LogStore() == replica.LogStoreWAL {
-			n.disk.reserve(uint64(walSegmentSize(n.cfg.DataDir))) // raft-wal preallocates each segment whole
-		}
+		track(g)
+		n.checkClockAtStart(g.FSM().Now()) // before anything records the clock again
 		return nil
 	}
 	h.Lead = func(ctx context.Context, _ *replica.Group) func(context.Context) {
@@ -236,7 +241,10 @@ func (n *Node) groupHooks(id string) replica.Hooks {
 		}
 		warned := map[string]bool{} // members named as unable to read the state format
 		n.checkFormat(ctx, warned)  // a single node raises it at once; others once the probes answer
-		return func(ctx context.Context) { n.checkFormat(ctx, warned) }
+		return func(ctx context.Context) {
+			n.checkFormat(ctx, warned)
+			n.growGroups(ctx) // moves.go
+		}
 	}
 	return h
 }
@@ -314,6 +322,7 @@ func (n *Node) Run(ctx context.Context) {
 // given to Run.
 func (n *Node) Shutdown() error {
 	err := n.shutdownDataGroups()
+	n.disk.untrack(replica.DefaultGroup)
 	if e := n.def.Shutdown(); e != nil {
 		err = e
 	}

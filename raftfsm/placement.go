@@ -61,7 +61,7 @@ func (n *Node) PlaceTopic(ctx context.Context, topic string, replicas int) (stri
 	}
 	id, members, create := choosePlacement(voters, replicas, dir)
 	if create {
-		c := &command.Command{Op: command.OpCreateGroup, Now: Now().UnixMilli(), Group: id, Members: members}
+		c := &command.Command{Op: command.OpCreateGroup, Now: Now().UnixMilli(), Group: id, Members: members, Replicas: replicas}
 		if _, err := n.Apply(ctx, c); err != nil {
 			return "", fmt.Errorf("create data group %s: %w", id, err)
 		}
@@ -101,10 +101,13 @@ func (n *Node) directoryFormat(ctx context.Context, members []raft.Server) (bool
 // replicas spread: on five nodes, three topics of three replicas hold two
 // topics on the busiest node rather than three), then the set whose group
 // holds the fewest topics (a set without a group holds none), then the
-// lowest i. It answers the group's id, its members, and whether it must be
-// created.
+// lowest i. With fewer voters than r the sets are every voter, and the
+// group is one created for r replicas (Directory.WantOf), which grows as
+// voters join (growGroups, moves.go). It answers the group's id, its
+// members, and whether it must be created.
 func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, members []string, create bool) {
 	voters = slices.Sorted(slices.Values(voters))
+	want := r
 	r = min(r, len(voters))
 	counts := dir.Counts()
 	held, led := map[string]int{}, map[string]int{}
@@ -125,7 +128,7 @@ func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, mem
 		for j := range set {
 			set[j] = voters[(i+j)%len(voters)]
 		}
-		gid := groupWithMembers(dir, set)
+		gid := groupWithMembers(dir, set, want)
 		busiest, sum := 0, 0
 		for _, m := range set {
 			busiest = max(busiest, held[m]+1)
@@ -143,10 +146,10 @@ func choosePlacement(voters []string, r int, dir *fsm.Directory) (id string, mem
 }
 
 // groupWithMembers is the data group whose members are set, in that
-// order, or "".
-func groupWithMembers(dir *fsm.Directory, set []string) string {
+// order, and that should have want members, or "".
+func groupWithMembers(dir *fsm.Directory, set []string, want int) string {
 	for _, g := range sortedKeys(dir.Groups) {
-		if slices.Equal(dir.Groups[g], set) {
+		if slices.Equal(dir.Groups[g], set) && dir.WantOf(g) == want {
 			return g
 		}
 	}

@@ -196,3 +196,40 @@ func TestPlanGrowth(t *testing.T) {
 		t.Errorf("growth on four voters: %v (moves %v); want g1 [r1 r4], g2 [r1 r2 r3]", groups, moves)
 	}
 }
+
+// A topic placed while the cluster has fewer voters than its replicas goes
+// to a group made for that many (Directory.Want), not to the group of the
+// same members made for fewer; growGroups' plan then grows it as voters
+// join, and a new topic of that count goes to the grown group.
+func TestChoosePlacementFewerVoters(t *testing.T) {
+	dir := &fsm.Directory{Groups: map[string][]string{}, Topics: map[string]string{}, Want: map[string]int{}}
+	place := func(voters []string, r int, topic string) string {
+		t.Helper()
+		id, members, create := choosePlacement(voters, r, dir)
+		if create {
+			dir.Groups[id] = members
+			if r > 1 {
+				dir.Want[id] = r // as applyCreateGroup records OpCreateGroup's Replicas
+			}
+		}
+		dir.Topics[topic] = id
+		return id
+	}
+	one := []string{"n1"}
+	g3 := place(one, 3, "a")
+	g1 := place(one, 1, "b")
+	if g3 == g1 || !slices.Equal(dir.Groups[g3], one) || !slices.Equal(dir.Groups[g1], one) {
+		t.Fatalf("one voter, replicas 3 and 1: groups %s and %s of %v, want two groups of n1", g3, g1, dir.Groups)
+	}
+	if dir.WantOf(g3) != 3 || dir.WantOf(g1) != 1 {
+		t.Fatalf("want %d and %d, want 3 and 1", dir.WantOf(g3), dir.WantOf(g1))
+	}
+	if again := place(one, 3, "c"); again != g3 {
+		t.Fatalf("a second topic of 3 replicas went to %s, want %s", again, g3)
+	}
+	three := []string{"n1", "n2", "n3"}
+	moves := planGrowth(dir.Groups, three, dir.Want)
+	if len(moves) != 2 || len(dir.Groups[g3]) != 3 || len(dir.Groups[g1]) != 1 {
+		t.Fatalf("growth on three voters: moves %v, groups %v; want %s grown to 3 and %s left at 1", moves, dir.Groups, g3, g1)
+	}
+}

@@ -94,6 +94,10 @@ type mqdCluster struct {
 	nodes  []*mqdNode
 	leader string // base URL of the leader, "http://host:port"
 	client *fasthttp.Client
+	// topicLeaders: topic → base URL of the node leading its data group
+	// (data groups are mqd's default: a topic's leader is often not the
+	// cluster's), as JetStream's clients connect to the stream leader.
+	topicLeaders sync.Map
 }
 
 // newHTTPClient is fasthttp's client: the benchmark shares the machine's
@@ -246,8 +250,18 @@ func (c *mqdCluster) get(ctx context.Context, url string) (int, []byte, error) {
 	return c.do(ctx, http.MethodGet, url, nil, nil)
 }
 
+// expect sends a request to the leader of path's topic (to the cluster's
+// leader for other paths, or a topic without a data group) and checks its
+// status is one of want.
 func (c *mqdCluster) expect(ctx context.Context, method, path string, body []byte, hdr map[string]string, want ...int) ([]byte, error) {
-	st, b, err := c.do(ctx, method, c.leader+path, body, hdr)
+	base := c.leader
+	if rest, ok := strings.CutPrefix(path, "/v1/topics/"); ok {
+		topic, _, _ := strings.Cut(rest, "/")
+		if l, ok := c.topicLeaders.Load(topic); ok {
+			base = l.(string)
+		}
+	}
+	st, b, err := c.do(ctx, method, base+path, body, hdr)
 	if err != nil {
 		return nil, err
 	}
@@ -259,9 +273,49 @@ func (c *mqdCluster) expect(ctx context.Context, method, path string, body []byt
 	return nil, fmt.Errorf("%s %s: status %d: %.300s", method, path, st, b)
 }
 
+// createTopic creates topic and finds its leader: for a topic in a data
+// group, the group's preferred leader (its first replica), once the group
+// has handed leadership to it (within a few seconds of its creation).
 func (c *mqdCluster) createTopic(ctx context.Context, topic string) error {
-	_, err := c.expect(ctx, http.MethodPut, "/v1/topics/"+topic, nil, nil, http.StatusCreated, http.StatusOK)
-	return err
+	if _, err := c.expect(ctx, http.MethodPut, "/v1/topics/"+topic, nil, nil, http.StatusCreated, http.StatusOK); err != nil {
+		return err
+	}
+	var p struct {
+		Placement *struct {
+			Group    string   `json:"group"`
+			Replicas []string `json:"replicas"`
+			Leader   string   `json:"leader"`
+		} `json:"placement"`
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		b, err := c.expect(ctx, http.MethodGet, "/v1/topics/"+topic, nil, nil, http.StatusOK)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &p); err != nil {
+			return fmt.Errorf("topic %s: %w", topic, err)
+		}
+		pl := p.Placement
+		if pl == nil || pl.Group == "" {
+			return nil // an older binary, or the metadata group: the cluster's leader
+		}
+		if pl.Leader != "" && (pl.Leader == pl.Replicas[0] || time.Now().After(deadline)) {
+			for _, n := range c.nodes {
+				if n.id == pl.Leader {
+					c.topicLeaders.Store(topic, "http://"+n.httpAddr)
+					logf("%s: topic %s in data group %s, led by %s", c.label, topic, pl.Group, n.id)
+					return nil
+				}
+			}
+			return fmt.Errorf("topic %s: leader %s is not a node of this cluster", topic, pl.Leader)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s: data group %s has no leader after 20 s", topic, pl.Group)
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // ---- workloads ----

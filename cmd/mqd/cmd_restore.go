@@ -53,9 +53,6 @@ func init() {
 				for _, g := range slices.Sorted(maps.Keys(res.Groups)) {
 					fmt.Fprintf(c.stdout, "restored data group %s at its raft index %d, with %s its only member\n", g, res.Groups[g], nodeID)
 				}
-				if len(res.Groups) > 0 {
-					start += " --data-groups"
-				}
 				fmt.Fprintf(c.stdout, "start it: %s --http-addr HOST:PORT [--auth-file FILE]  (other nodes then join it with --join)\n", start)
 				return nil
 			}

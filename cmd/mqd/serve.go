@@ -106,8 +106,8 @@ func serverFlags(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
 	fs.BoolVar(&o.forwardCoalesce, flagForwardCoalesce, false,
 		"a follower sends publishes to the leader coalesced, many in one internal request, instead of forwarding each HTTP request (experimental: docs/performance.md)")
-	fs.BoolVar(&o.dataGroups, flagDataGroups, false,
-		"on the metadata leader: place every new topic in a data group of its own raft group, spread over the nodes (experimental: docs/operations.md, Data groups)")
+	fs.BoolVar(&o.dataGroups, flagDataGroups, true,
+		"on the metadata leader: place every new topic in a data group, a raft group of its own spread over the nodes (false: new topics go to the metadata group, as before 0.3; docs/operations.md, Data groups)")
 	fs.BoolVar(&o.metricsGroups, flagMetricsGroups, true,
 		"write the per-group series of the state on /metrics (false: per-topic only, for states with too many groups to scrape)")
 	fs.Func(flagMinFreeDisk, "free space to keep on the data dir's filesystem: bytes, KiB/MiB/GiB, or a percentage; below it (plus one 64 MiB raft-wal segment) writes that add data answer 507 (default 5%, at most 1GiB; 0: off)",

@@ -56,6 +56,10 @@ func Main(m *testing.M) {
 func build() {
 	if p := os.Getenv("MQD_TEST_BINARY"); p != "" {
 		buildPath = p
+		// A prebuilt binary from before data groups has no flag to
+		// turn them off (cluster.go, defaultFlags).
+		out, _ := exec.Command(p, "-h").CombinedOutput()
+		noDataGroupsFlag = !strings.Contains(string(out), "-data-groups")
 		return
 	}
 	root, err := RepoRoot()

@@ -24,6 +24,33 @@ type config struct {
 	env          []string
 	scheme       string
 	binary       string // "": Binary's
+	dataGroups   bool   // WithDataGroups: nodes keep the binary's default
+}
+
+// WithDataGroups runs the nodes with data groups, the binary's default
+// (SPEC section 12). Without it (nor a --data-groups flag of the test's
+// own) the harness starts this repository's binary with
+// --data-groups=false: most system tests were written for the one raft
+// group and test the mechanisms of a group through the default one (its
+// files, its leader). MQD_TEST_DATA_GROUPS=1 in the environment runs
+// every test on the binary's default instead.
+func WithDataGroups() Option { return func(c *config) { c.dataGroups = true } }
+
+// noDataGroupsFlag: MQD_TEST_BINARY is a binary without --data-groups.
+var noDataGroupsFlag bool
+
+// defaultFlags are the flags the harness gives every node before the
+// test's own (which may override them).
+func (c *config) defaultFlags() []string {
+	if c.dataGroups || c.binary != "" || noDataGroupsFlag || os.Getenv("MQD_TEST_DATA_GROUPS") == "1" {
+		return nil // an older release's binary has no such flag
+	}
+	for _, f := range c.flags {
+		if strings.HasPrefix(f, "--data-groups") {
+			return nil
+		}
+	}
+	return []string{"--data-groups=false"}
 }
 
 // WithBinary runs every node from the mqd binary at path instead of the
@@ -115,6 +142,7 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		if n > 1 {
 			nd.args = append(nd.args, "--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(httpAddrs, ","))
 		}
+		nd.args = append(nd.args, cfg.defaultFlags()...)
 		nd.args = append(nd.args, cfg.flags...)
 		for _, fn := range cfg.nodeArgs {
 			nd.args = append(nd.args, fn(nd)...)
@@ -165,6 +193,7 @@ func (c *Cluster) AddNode(id string) *Node {
 		join = append(join, o.httpAddr)
 	}
 	nd.args = []string{"--id", id, "--data-dir", nd.dataDir, "--http-addr", h, "--raft-addr", r, "--join", strings.Join(join, ",")}
+	nd.args = append(nd.args, c.cfg.defaultFlags()...)
 	nd.args = append(nd.args, c.cfg.flags...)
 	for _, fn := range c.cfg.nodeArgs {
 		nd.args = append(nd.args, fn(nd)...)
