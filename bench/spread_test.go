@@ -1,10 +1,15 @@
 // Work spread over a cluster: three topics, publishers spread evenly over
 // them and over the nodes they publish through, on 3 and 5 nodes, with the
-// topics in the one default raft group (groups=single, as before data
-// groups) and in data groups (groups=data: --data-groups, one group per
-// topic here, each led by another node).
+// topics in the one default raft group (groups=single: --data-groups=false,
+// as before data groups) and in data groups (groups=data:
+// --data-groups=true, one group per topic here, each led by another node).
+// Both pass the flag, whatever the binary's default, and check that the
+// topics' placement is what the mode means.
 //
-//	go test -run '^$' -bench Spread -benchtime 20000x ./bench/
+//	go test -run '^$' -bench 'Spread$' -benchtime 20000x ./bench/
+//
+// ('Spread$': -bench Spread also runs BenchmarkSpreadRate, the same
+// workload at a fixed offered rate, in spreadrate_test.go.)
 //
 // b.N is the number of messages (1 KiB, 48 publishers, publisher i writes
 // topic i%3 through node (i/3)%N, so every node is an entry point of every
@@ -27,6 +32,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -34,6 +40,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
 func BenchmarkSpread(b *testing.B) {
@@ -50,16 +58,36 @@ func BenchmarkSpread(b *testing.B) {
 // workload; as many as nodes shows every node leading one).
 var flagSpreadTopics = flag.Int("spread.topics", 3, "Spread: topics the publishers spread over")
 
-// spread is one BenchmarkSpread case: mode "single" keeps every topic in
-// the default group (one raft group, as before data groups), "data" starts
-// the nodes with --data-groups and waits until the topics' groups are led
-// by as many nodes as there are topics (or nodes, when fewer).
-func spread(b *testing.B, mode string, nodes, ntopics int) {
-	var flags []string
-	if mode == "data" {
-		flags = append(flags, "--data-groups")
+// spreadCluster is a cluster set up for the spread workload: its nodes,
+// each publisher's publish URL and how many nodes lead the topics.
+type spreadCluster struct {
+	s       *system
+	nodes   []*tc.Node
+	urls    []string
+	leaders int
+}
+
+// spreadPublishers is the spread workload's number of publishers.
+const spreadPublishers = 48
+
+// startSpread starts a cluster of nodes for the spread workload: mode
+// "single" runs every node with --data-groups=false, so every topic is in
+// the default group (one raft group, as before data groups); "data" runs
+// them with --data-groups=true and waits until the topics' groups are led
+// by as many nodes as there are topics (or nodes, when fewer). Either way
+// it checks each topic's placement against the mode (checkPlacement).
+func startSpread(b *testing.B, mode string, nodes, ntopics int) spreadCluster {
+	b.Helper()
+	var groups string
+	switch mode {
+	case "single":
+		groups = "--data-groups=false"
+	case "data":
+		groups = "--data-groups=true"
+	default:
+		b.Fatalf("spread: mode %q", mode)
 	}
-	s := startSystem(b, nodes, flags...)
+	s := startSystem(b, nodes, groups)
 	all := s.c.Nodes()
 	topics := make([]string, ntopics)
 	for i := range topics {
@@ -70,9 +98,8 @@ func spread(b *testing.B, mode string, nodes, ntopics int) {
 		time.Sleep(100 * time.Millisecond) // each group moves to its preferred leader within a few seconds
 		leaders = topicLeaders(b, s, topics)
 	}
-	body := payload(payloadSize)
-	const publishers = 48
-	urls := make([]string, publishers)
+	checkPlacement(b, s, mode, topics, nodes)
+	urls := make([]string, spreadPublishers)
 	for w := range urls {
 		// Publisher w writes topic w%3 through node (w/3)%N: each topic is
 		// entered through every node alike, as clients that do not know
@@ -81,60 +108,100 @@ func spread(b *testing.B, mode string, nodes, ntopics int) {
 		entry := all[(w/len(topics))%len(all)]
 		urls[w] = entry.URL() + "/v1/topics/" + topics[w%len(topics)] + "/messages"
 	}
+	return spreadCluster{s: s, nodes: all, urls: urls, leaders: leaders}
+}
+
+// spread is one BenchmarkSpread case: b.N messages as fast as the
+// publishers go.
+func spread(b *testing.B, mode string, nodes, ntopics int) {
+	sc := startSpread(b, mode, nodes, ntopics)
+	body := payload(payloadSize)
 	op := func(w int, _ int64) (int, error) {
-		_, err := s.post(context.Background(), urls[w], body, nil, http.StatusCreated)
+		_, err := sc.s.post(context.Background(), sc.urls[w], body, nil, http.StatusCreated)
 		return 1, err
 	}
-	before := nodesCPU(b, all)
+	before := nodesCPU(b, sc.nodes)
 	b.ResetTimer()
-	n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
+	n, lat, elapsed, err := driver{workers: spreadPublishers, next: untilN(b.N)}.run(op)
 	b.StopTimer()
-	after := nodesCPU(b, all)
+	after := nodesCPU(b, sc.nodes)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ms := []metric{{float64(n) / elapsed.Seconds(), "msgs/s"}}
-	per := make([]float64, len(all))
+	per := make([]float64, len(sc.nodes))
 	var total float64
-	for i := range all {
+	for i := range sc.nodes {
 		per[i] = float64(after[i]-before[i]) / float64(time.Microsecond) / float64(n)
 		total += per[i]
 		ms = append(ms, metric{per[i], fmt.Sprintf("node%d_us/msg", i+1)})
 	}
 	busiest := slices.Max(per)
 	ms = append(ms, metric{total, "cluster_us/msg"}, metric{busiest / total, "busiest_share"},
-		metric{float64(leaders), "leaders"},
+		metric{float64(sc.leaders), "leaders"},
 		metric{float64(runtime.NumCPU()) * float64(time.Second/time.Microsecond) / busiest, "model_msgs/s"})
 	report(b, append(ms, latencyMetrics("", lat)...))
 }
 
-// topicLeaders counts the distinct nodes leading topics.
+// topicPlacement is a topic's placement as GET /v1/topics/{topic} on the
+// cluster's leader answers it.
+type topicPlacement struct {
+	Group    string   `json:"group"` // "" for the default group
+	Replicas []string `json:"replicas"`
+	Leader   string   `json:"leader"`
+}
+
+func placementOf(b *testing.B, s *system, topic string) topicPlacement {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := s.leader.Do(ctx, http.MethodGet, "/v1/topics/"+topic, nil, nil)
+	var ans struct {
+		Placement *topicPlacement `json:"placement"`
+	}
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err == nil {
+		err = r.JSON(&ans)
+	}
+	if err == nil && ans.Placement == nil {
+		err = errors.New("no placement in the answer")
+	}
+	if err != nil {
+		b.Fatalf("topic %s: %v", topic, err)
+	}
+	return *ans.Placement
+}
+
+// topicLeaders counts the distinct nodes leading topics (a topic whose
+// answer names no leader counts as led by the cluster's leader).
 func topicLeaders(b *testing.B, s *system, topics []string) int {
 	b.Helper()
 	seen := map[string]bool{}
 	for _, t := range topics {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := s.leader.Do(ctx, http.MethodGet, "/v1/topics/"+t, nil, nil)
-		cancel()
-		var ans struct {
-			Placement *struct {
-				Leader string `json:"leader"`
-			} `json:"placement"`
-		}
-		if err == nil {
-			err = r.Expect(http.StatusOK)
-		}
-		if err == nil {
-			err = r.JSON(&ans)
-		}
-		if err != nil {
-			b.Fatalf("topic %s: %v", t, err)
-		}
-		if ans.Placement != nil && ans.Placement.Leader != "" {
-			seen[ans.Placement.Leader] = true
+		if p := placementOf(b, s, t); p.Leader != "" {
+			seen[p.Leader] = true
 		} else {
 			seen[s.leader.ID()] = true
 		}
 	}
 	return len(seen)
+}
+
+// checkPlacement fails b unless every topic is where mode puts it: in the
+// default group, on every node, for "single"; in a data group of three
+// replicas (every node when fewer) for "data". So a binary whose
+// --data-groups default is not what the mode passes, or that ignores the
+// flag, cannot measure the other mode unnoticed.
+func checkPlacement(b *testing.B, s *system, mode string, topics []string, nodes int) {
+	b.Helper()
+	for _, t := range topics {
+		p := placementOf(b, s, t)
+		single := p.Group == "" && len(p.Replicas) == nodes
+		data := p.Group != "" && len(p.Replicas) == min(3, nodes)
+		if (mode == "single" && !single) || (mode == "data" && !data) {
+			b.Fatalf("groups=%s: topic %s is placed in group %q on %v", mode, t, p.Group, p.Replicas)
+		}
+	}
 }
