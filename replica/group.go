@@ -218,7 +218,13 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 		cfg.Transport.Close()
 		return nil, err
 	}
-	g := &Group{cfg: cfg, logger: cfg.Logger, metrics: newGroupMetrics(cfg.ID), release: release}
+	logger := cfg.Logger
+	if cfg.ID != DefaultGroup {
+		// Which group a line is about: a node holds several (the
+		// default group's lines stay as they were).
+		logger = logger.With("raft_group", cfg.ID)
+	}
+	g := &Group{cfg: cfg, logger: logger, metrics: newGroupMetrics(cfg.ID), release: release}
 	if err := g.open(); err != nil {
 		cfg.Transport.Close()
 		g.closeStores()
@@ -248,12 +254,12 @@ func claimDir(dir, id string) (release func(), err error) {
 func (g *Group) open() error {
 	cfg := g.cfg
 	var err error
-	if g.lost, err = newLostGuard(cfg.Dir, g.metrics.lostFound, cfg.Logger); err != nil {
+	if g.lost, err = newLostGuard(cfg.Dir, g.metrics.lostFound, g.logger); err != nil {
 		return err
 	}
 	g.batch = NewBatcher(g.propose, g.metrics.labels)
-	hlog := NewHclog(cfg.Logger, "raft") // raft logs through slog, quietly (hclog.go)
-	if g.stores, err = OpenStores(cfg.Dir, cfg.LogStore, cfg.WALSegment, cfg.Logger, hlog); err != nil {
+	hlog := NewHclog(g.logger, "raft") // raft logs through slog, quietly (hclog.go)
+	if g.stores, err = OpenStores(cfg.Dir, cfg.LogStore, cfg.WALSegment, g.logger, hlog); err != nil {
 		return err
 	}
 	if h := cfg.Hooks.CheckStores; h != nil {
@@ -358,7 +364,7 @@ var raftCommitTimeout = 50 * time.Millisecond
 
 func (g *Group) startRaft(logs raft.LogStore, hlog hclog.Logger) error {
 	cfg := g.cfg
-	g.trans = NewVoteGate(cfg.Transport, raft.ServerID(cfg.NodeID), g.lost.restricted, g.lost.diverged, cfg.Logger)
+	g.trans = NewVoteGate(cfg.Transport, raft.ServerID(cfg.NodeID), g.lost.restricted, g.lost.diverged, g.logger)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = hlog

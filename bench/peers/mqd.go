@@ -277,8 +277,22 @@ func (c *mqdCluster) expect(ctx context.Context, method, path string, body []byt
 // group, the group's preferred leader (its first replica), once the group
 // has handed leadership to it (within a few seconds of its creation).
 func (c *mqdCluster) createTopic(ctx context.Context, topic string) error {
-	if _, err := c.expect(ctx, http.MethodPut, "/v1/topics/"+topic, nil, nil, http.StatusCreated, http.StatusOK); err != nil {
-		return err
+	// A creation may meet an election or a group's hand-off to its
+	// preferred leader (503, Retry-After: 1), which any client retries.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st, b, err := c.do(ctx, http.MethodPut, c.leader+"/v1/topics/"+topic, nil, nil)
+		if err == nil && (st == http.StatusCreated || st == http.StatusOK) {
+			break
+		}
+		if err == nil && st != http.StatusServiceUnavailable {
+			return fmt.Errorf("PUT /v1/topics/%s: status %d: %.300s", topic, st, b)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("PUT /v1/topics/%s: status %d (%v): %.300s", topic, st, err, b)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	var p struct {
 		Placement *struct {
