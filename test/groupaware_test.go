@@ -1,0 +1,90 @@
+package test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	tc "github.com/mqd/mqd/internal/testcluster"
+)
+
+// Helpers for system tests that run a mechanism of a raft group both on
+// the default group (--data-groups=false, the harness's default) and on a
+// data group (tc.WithDataGroups()): the group a topic lives in, its files
+// and its figures on one node.
+
+// groupVariants runs fn once on the single group and once on data groups.
+func groupVariants(t *testing.T, fn func(t *testing.T, opts ...tc.Option)) {
+	t.Run("default-group", func(t *testing.T) { fn(t) })
+	t.Run("data-group", func(t *testing.T) { fn(t, tc.WithDataGroups()) })
+}
+
+// topicGroup is the raft group topic lives in as n answers it: its data
+// group's id, or "default".
+func topicGroup(t testing.TB, n *tc.Node, topic string) string {
+	t.Helper()
+	g, _, _, err := topicPlacement(ctxFor(t, 10*time.Second), n, topic)
+	if err != nil {
+		t.Fatalf("placement of %s via %s: %v", topic, n, err)
+	}
+	if g == "" {
+		return "default"
+	}
+	return g
+}
+
+// groupDir is raft group g's directory on n (replica.GroupDir).
+func groupDir(n *tc.Node, g string) string {
+	if g == "default" {
+		return n.DataDir()
+	}
+	return filepath.Join(n.DataDir(), "groups", g)
+}
+
+// groupFigure is the value of raft group g's series name on n's /metrics
+// (false when n has no such series: it holds no replica of g).
+func groupFigure(ctx context.Context, t testing.TB, n *tc.Node, name, g string) (float64, bool) {
+	t.Helper()
+	return metricValue(scrape(ctx, t, n), name, map[string]string{"raft_group": g})
+}
+
+// groupApplied is raft group g's applied index on n.
+func groupApplied(t testing.TB, n *tc.Node, g string) uint64 {
+	t.Helper()
+	v, ok := groupFigure(ctxFor(t, 10*time.Second), t, n, "mqd_raft_applied_index", g)
+	if !ok {
+		t.Fatalf("%s: no mqd_raft_applied_index of group %s", n, g)
+	}
+	return uint64(v)
+}
+
+// groupRoles waits (bounded) until topic's data group is led by its
+// preferred leader (the first member, to whom a data group's leader hands
+// leadership) and answers that leader and the other two members.
+func groupRoles(t testing.TB, c *tc.Cluster, topic string) (l, f1, f2 *tc.Node) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	for {
+		_, leader, reps, err := topicPlacement(ctx, c.Node(0), topic)
+		if err == nil && len(reps) == 3 && leader == reps[0] {
+			return c.NodeByID(reps[0]), c.NodeByID(reps[1]), c.NodeByID(reps[2])
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s's group is not led by its preferred leader: leader %q, replicas %v, %v", topic, leader, reps, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// groupCommit is the highest commit index of raft group g among nodes.
+func groupCommit(t testing.TB, nodes []*tc.Node, g string) uint64 {
+	t.Helper()
+	var most uint64
+	for _, n := range nodes {
+		if v, ok := groupFigure(ctxFor(t, 10*time.Second), t, n, "mqd_raft_commit_index", g); ok {
+			most = max(most, uint64(v))
+		}
+	}
+	return most
+}
