@@ -88,3 +88,13 @@ func groupCommit(t testing.TB, nodes []*tc.Node, g string) uint64 {
 	}
 	return most
 }
+
+// groupSnapshot is the index of n's latest snapshot of raft group g.
+func groupSnapshot(ctx context.Context, t testing.TB, n *tc.Node, g string) uint64 {
+	t.Helper()
+	v, ok := groupFigure(ctx, t, n, "mqd_raft_last_snapshot_index", g)
+	if !ok {
+		t.Fatalf("%s: no mqd_raft_last_snapshot_index of group %s", n, g)
+	}
+	return uint64(v)
+}

@@ -132,13 +132,19 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 // snapshot (it copies the whole state): the log since the last one must
 // also hold at least half the state's size. Small publishes past the entry threshold
 // leave the snapshot where it is; as many bytes as half the state move it.
+// With data groups the same holds for the topic's group.
 func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(50, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotWaitsForLogBytes)
+}
+
+func snapshotWaitsForLogBytes(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(50, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-bytes"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	// 7000 bytes: one message to an 8 KiB page (a value just over 8 KiB
 	// would take two, and make the state twice the payload).
 	const value = 7000
@@ -151,12 +157,8 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		t.Helper()
 		last, since := uint64(0), time.Now()
 		for time.Since(since) < time.Second {
-			ci, err := n.Cluster(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ci.LastSnapshotIndex != last {
-				last, since = ci.LastSnapshotIndex, time.Now()
+			if idx := groupSnapshot(ctx, t, n, g); idx != last {
+				last, since = idx, time.Now()
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -182,9 +184,8 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		publishMiB(8)
 		deadline := time.Now().Add(time.Second) // five checks
 		for {
-			ci, err := n.Cluster(ctx)
-			if err == nil && ci.LastSnapshotIndex > s1 {
-				t.Logf("snapshot moved from %d to %d after %d MiB more of log", s1, ci.LastSnapshotIndex, total)
+			if idx := groupSnapshot(ctx, t, n, g); idx > s1 {
+				t.Logf("snapshot moved from %d to %d after %d MiB more of log", s1, idx, total)
 				return
 			}
 			if time.Now().After(deadline) {
@@ -202,25 +203,30 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 // entries, and counting entries (here --snapshot-threshold 1000000) would
 // never snapshot, so the log, and what a restart reads back, would grow
 // without bound.
+// With data groups the same holds for the topic's group.
 func TestSnapshotOnLogBytesBelowEntryThreshold(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotOnLogBytes)
+}
+
+func snapshotOnLogBytes(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-large-entries"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	// 24 MiB in 30 entries of 800 KiB: the state passes 4 MiB after a few,
 	// and the log then holds more than half of it.
 	publishBatches(ctx, t, n, topic, 30, 8<<10)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		ci, err := n.Cluster(ctx)
-		if err == nil && ci.LastSnapshotIndex > 0 {
-			t.Logf("snapshot at index %d of %d", ci.LastSnapshotIndex, ci.AppliedIndex)
+		if idx := groupSnapshot(ctx, t, n, g); idx > 0 {
+			t.Logf("snapshot at index %d of %d", idx, groupApplied(t, n, g))
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000): %+v %v", ci.AppliedIndex, ci, err)
+			t.Fatalf("no snapshot of raft group %s 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000)", g, groupApplied(t, n, g))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -256,16 +262,22 @@ func publishBatches(ctx context.Context, t *testing.T, n *tc.Node, topic string,
 // mqd_raft_log_bytes_since_snapshot shows it again. So a node that
 // restarts more often than it writes half its state's size of log still
 // snapshots (it used to start counting from zero, and its log to grow).
+// With data groups the same holds for the topic's group.
 func TestSnapshotLogBytesSurviveRestart(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotLogBytesSurviveRestart)
+}
+
+func snapshotLogBytesSurviveRestart(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-restart"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	since := func() float64 {
 		t.Helper()
-		v, ok := metricValue(scrape(ctx, t, n), "mqd_raft_log_bytes_since_snapshot", nil)
+		v, ok := groupFigure(ctx, t, n, "mqd_raft_log_bytes_since_snapshot", g)
 		if !ok {
 			t.Fatal("no mqd_raft_log_bytes_since_snapshot on /metrics")
 		}
@@ -293,19 +305,18 @@ func TestSnapshotLogBytesSurviveRestart(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if ci, err := n.Cluster(ctx); err != nil || ci.LastSnapshotIndex != 0 {
-		t.Fatalf("a snapshot before 2 MiB of log: %+v %v", ci, err)
+	if idx := groupSnapshot(ctx, t, n, g); idx != 0 {
+		t.Fatalf("a snapshot at %d before 2 MiB of log", idx)
 	}
 	// 0.8 MiB more: 2.4 MiB since the start, and a snapshot follows.
 	publishBatches(ctx, t, n, topic, 1, 8<<10)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		ci, err := n.Cluster(ctx)
-		if err == nil && ci.LastSnapshotIndex > 0 {
+		if groupSnapshot(ctx, t, n, g) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot 20 s after 2.4 MiB of log across a restart (%.0f bytes since by the gauge): %+v %v", since(), ci, err)
+			t.Fatalf("no snapshot of raft group %s 20 s after 2.4 MiB of log across a restart (%.0f bytes since by the gauge)", g, since())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
