@@ -34,6 +34,14 @@ const (
 	// request may go from any node to the metadata leader (a topic's
 	// creation), to a member of the topic's data group, to its leader.
 	maxForwardHops = 3
+	// forwardLoopHeader marks the answer of a request refused for
+	// maxForwardHops: nothing was done, so the node it entered by (hop 0)
+	// treats it as a leader it could not reach and tries again within the
+	// request's deadline (errForwardLoop), rather than pass a 503 on. A
+	// data group's leadership moves just after the group is made (its
+	// election, then the hand-off to its preferred leader), while its
+	// first topic's creation is forwarded to it.
+	forwardLoopHeader = "Mq-Forward-Loop"
 	// maxHandOffWait bounds how long a request on a stopping leader waits
 	// for another node to take the leadership.
 	maxHandOffWait = 2 * time.Second
@@ -395,6 +403,7 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, body []byte) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
+		ctx.Response.Header.Set(forwardLoopHeader, "1")
 		return fmt.Errorf("%w: leadership is changing, retry", replica.ErrNotLeader)
 	}
 	_, addr, ok := s.node.Leader()
@@ -427,8 +436,18 @@ func (s *Server) forwardTo(rctx context.Context, ctx *fasthttp.RequestCtx, addr 
 		resp.Reset()
 		return s.forwardFailed(ctx, addr, err)
 	}
+	if hops == 0 && len(resp.Header.Peek(forwardLoopHeader)) > 0 {
+		resp.Reset()
+		return fmt.Errorf("%w: %s", errForwardLoop, addr)
+	}
 	return nil
 }
+
+// errForwardLoop: a forward went round nodes whose views of the leader
+// were out of date until maxForwardHops refused it, doing nothing; the
+// node the request entered by waits and forwards it again, as when the
+// leader could not be reached.
+var errForwardLoop = fmt.Errorf("%w (forwarded %d times while leadership moved)", errLeaderUnreachable, maxForwardHops)
 
 func isDialError(err error) bool {
 	var op *net.OpError
