@@ -15,7 +15,9 @@ import (
 // With frequent snapshots and short trailing logs, a follower whose data dir
 // is wiped rejoins, catches up (from a snapshot, since the leader's log no
 // longer starts at 1) and then serves every message. Once per raft log
-// store, so that both stay tested.
+// store, so that both stay tested; and with data groups, where the topic's
+// group (its own snapshots under groups/<id>/) is what the follower
+// catches up.
 func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 	t.Parallel()
 	for _, store := range []string{"wal", "bolt"} {
@@ -24,15 +26,25 @@ func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 			testSnapshotWipedFollowerCatchesUp(t, store)
 		})
 	}
+	t.Run("data-group", func(t *testing.T) {
+		t.Parallel()
+		testSnapshotWipedFollowerCatchesUp(t, "wal", tc.WithDataGroups())
+	})
 }
 
-func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
-	c := tc.Start(t, 3, tc.WithSnapshot(100, time.Second, 50), tc.WithFlags("--raft-log", store))
+func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string, opts ...tc.Option) {
+	c := tc.Start(t, 3, append(opts, tc.WithSnapshot(100, time.Second, 50), tc.WithFlags("--raft-log", store))...)
 	leader, fs := mustRoles(t, c)
 	ctx := ctxFor(t, 150*time.Second)
 	const topic = "snap"
 	const total = 600
 	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	g := topicGroup(t, leader, topic)
+	if g != "default" { // the roles in the topic's group
+		var f1, f2 *tc.Node
+		leader, f1, f2 = groupRoles(t, c, topic)
+		fs = []*tc.Node{f1, f2}
+	}
 
 	want := map[string]bool{}
 	for i := range total {
@@ -60,21 +72,18 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 
 	// Every node takes a snapshot that covers most of the publishes (more
 	// than 100 entries behind is over the threshold and must be snapshotted).
-	lci, err := leader.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantSnap := lci.AppliedIndex - 100
+	leaderApplied := groupApplied(t, leader, g)
+	wantSnap := leaderApplied - 100
 	snapCtx := ctxFor(t, 30*time.Second)
 	for _, n := range c.Nodes() {
 		for {
-			ci, err := n.Cluster(snapCtx)
-			if err == nil && ci.LastSnapshotIndex > 0 && ci.LastSnapshotIndex >= wantSnap {
+			idx := groupSnapshot(snapCtx, t, n, g)
+			if idx > 0 && idx >= wantSnap {
 				break
 			}
 			if snapCtx.Err() != nil {
-				t.Fatalf("node %s: no snapshot at index >= %d within 30 s of %d publishes (applied index %d) with --snapshot-threshold 100 --snapshot-interval 1s: %+v %v",
-					n, wantSnap, total, lci.AppliedIndex, ci, err)
+				t.Fatalf("node %s: no snapshot of raft group %s at index >= %d within 30 s of %d publishes (applied index %d) with --snapshot-threshold 100 --snapshot-interval 1s: at %d",
+					n, g, wantSnap, total, leaderApplied, idx)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -87,25 +96,24 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 	if err := f.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("wiped follower %s not ready: %v", f, err)
 	}
-	lci, err = leader.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fci tc.ClusterInfo
+	leaderApplied = groupApplied(t, leader, g)
+	var fApplied float64
+	var held bool
 	catch := ctxFor(t, 60*time.Second)
 	for {
-		fci, err = f.Cluster(catch)
-		if err == nil && fci.AppliedIndex >= lci.AppliedIndex {
+		fApplied, held = groupFigure(catch, t, f, "mqd_raft_applied_index", g)
+		if held && uint64(fApplied) >= leaderApplied {
 			break
 		}
 		if catch.Err() != nil {
-			t.Fatalf("wiped follower %s: applied_index %d never reached the leader's %d (%v)", f, fci.AppliedIndex, lci.AppliedIndex, err)
+			t.Fatalf("wiped follower %s: applied index %.0f of raft group %s (held %v) never reached the leader's %d", f, fApplied, g, held, leaderApplied)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("leader %s: applied %d, last snapshot %d; wiped follower %s: applied %d, last snapshot %d",
-		leader, lci.AppliedIndex, lci.LastSnapshotIndex, f, fci.AppliedIndex, fci.LastSnapshotIndex)
-	if fci.LastSnapshotIndex == 0 {
+	fSnap := groupSnapshot(ctx, t, f, g)
+	t.Logf("leader %s: applied %d, last snapshot %d; wiped follower %s: applied %.0f, last snapshot %d (raft group %s)",
+		leader, leaderApplied, groupSnapshot(ctx, t, leader, g), f, fApplied, fSnap, g)
+	if fSnap == 0 {
 		t.Errorf("wiped follower %s caught up without a snapshot (last_snapshot_index 0): the leader served compacted log entries", f)
 	}
 
