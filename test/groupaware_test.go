@@ -59,22 +59,15 @@ func groupApplied(t testing.TB, n *tc.Node, g string) uint64 {
 	return uint64(v)
 }
 
-// groupRoles waits (bounded) until topic's data group is led by its
-// preferred leader (the first member, to whom a data group's leader hands
-// leadership) and answers that leader and the other two members.
+// groupRoles is placedRoles of a topic placed on three nodes: the
+// group's leader and its two followers.
 func groupRoles(t testing.TB, c *tc.Cluster, topic string) (l, f1, f2 *tc.Node) {
 	t.Helper()
-	ctx := ctxFor(t, 30*time.Second)
-	for {
-		_, leader, reps, err := topicPlacement(ctx, c.Node(0), topic)
-		if err == nil && len(reps) == 3 && leader == reps[0] {
-			return c.NodeByID(reps[0]), c.NodeByID(reps[1]), c.NodeByID(reps[2])
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("topic %s's group is not led by its preferred leader: leader %q, replicas %v, %v", topic, leader, reps, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	l, fs := placedRoles(t, c, topic)
+	if len(fs) != 2 {
+		t.Fatalf("topic %s has %d replicas, want 3", topic, len(fs)+1)
 	}
+	return l, fs[0], fs[1]
 }
 
 // groupCommit is the highest commit index of raft group g among nodes.
@@ -97,4 +90,25 @@ func groupSnapshot(ctx context.Context, t testing.TB, n *tc.Node, g string) uint
 		t.Fatalf("%s: no mqd_raft_last_snapshot_index of group %s", n, g)
 	}
 	return uint64(v)
+}
+
+// placedRoles waits (bounded) until topic's data group is led by its
+// preferred leader, and answers that leader and the group's other members.
+func placedRoles(t testing.TB, c *tc.Cluster, topic string) (*tc.Node, []*tc.Node) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	for {
+		_, leader, reps, err := topicPlacement(ctx, c.Node(0), topic)
+		if err == nil && len(reps) > 1 && leader == reps[0] {
+			var others []*tc.Node
+			for _, id := range reps[1:] {
+				others = append(others, c.NodeByID(id))
+			}
+			return c.NodeByID(leader), others
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s's group is not led by its preferred leader: leader %q, replicas %v, %v", topic, leader, reps, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
