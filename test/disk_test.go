@@ -502,15 +502,23 @@ func TestDiskFreedWritesResume(t *testing.T) {
 // disk_low, and the leader, which learns it from its probes, accepts
 // writes again. Before, the follower's fsm.db and snapshots kept their
 // size, so it stayed under its floor and the leader refused all writes
-// for good.
+// for good. With data groups, a follower in the group of the topic that
+// fills the disk.
 func TestFollowerDiskFreedStopsBlocking(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))
+	groupVariants(t, followerDiskFreedStopsBlocking)
+}
+
+func followerDiskFreedStopsBlocking(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 3, append(opts, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))...)
 	ctx := ctxFor(t, 300*time.Second)
 	leader, followers := mustRoles(t, c)
-	f := followers[0]
 	mustTopic(t, leader, "big", map[string]any{"max_message_bytes": 1 << 20})
 	mustTopic(t, leader, "small", nil)
+	if topicGroup(t, leader, "big") != "default" {
+		leader, followers = placedRoles(t, c, "big")
+	}
+	f := followers[0]
 	// A ballast of nearly half its volume makes this follower the first
 	// member to get low.
 	ballast, err := os.Create(filepath.Join(f.DataDir(), "ballast"))
