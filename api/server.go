@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -449,10 +450,18 @@ func (s *Server) forwardTo(rctx context.Context, ctx *fasthttp.RequestCtx, addr 
 // leader could not be reached.
 var errForwardLoop = fmt.Errorf("%w (forwarded %d times while leadership moved)", errLeaderUnreachable, maxForwardHops)
 
+// isDialError reports whether a forward failed before the request reached
+// the peer's HTTP server: the connection was not made, or its mutual-TLS
+// handshake failed (this node did not trust the peer's certificate, or the
+// peer refused this node's: it then reads nothing sent on the connection),
+// as when a node was restarted with another CA's certificate while the
+// others still name it a data group's leader.
 func isDialError(err error) bool {
 	var op *net.OpError
+	var verify *tls.CertificateVerificationError
+	var alert tls.AlertError
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fasthttp.ErrDialTimeout) ||
-		(errors.As(err, &op) && op.Op == "dial")
+		(errors.As(err, &op) && op.Op == "dial") || errors.As(err, &verify) || errors.As(err, &alert)
 }
 
 // fetchWait is how long a forwarded fetch may legitimately wait.
