@@ -12,8 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqd/mqd/command"
 	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
+	mlog "github.com/mqd/mqd/log"
 	"github.com/valyala/fasthttp"
 )
 
@@ -27,7 +29,9 @@ import (
 // between the two leaves the input unacked: its redelivery, processed
 // again, publishes the same keys, which the output topics answer as
 // duplicates, and acks. A reader of an output topic may see the outputs
-// before the ack (docs/API.md, Exactly-once processing).
+// before the ack (docs/API.md, Exactly-once processing). What would refuse
+// the call and can be told before the first publish is checked first
+// (checkAcross), so that a refused call publishes nothing.
 
 // foreignOutputs are the indexes of the outputs whose topic lives in
 // another raft group than this server's (the default group, or its view's
@@ -84,7 +88,20 @@ func (s *Server) processAcross(ctx *fasthttp.RequestCtx, r *route, b *processBod
 	if written, err := s.refuseProcess(ctx, b.Ack, err); written || err != nil {
 		return err
 	}
-	// The foreign outputs, each topic's as one batch, in request order.
+	for _, i := range foreign {
+		if b.Publish[i].IdempotencyKey == nil {
+			k := derivedKey(r.topic, r.group, cmd.Receipts, i)
+			b.Publish[i].IdempotencyKey = &k
+		}
+	}
+	unchecked, written, err := s.checkAcross(ctx, r, b, cmd, idx, foreign)
+	if written || err != nil {
+		return err
+	}
+	// The foreign outputs, each topic's as one batch, in request order;
+	// the topics this node could not check first, so that a refusal of
+	// one of them (the only one, usually) comes before anything is
+	// published.
 	results := make([]publishAnswer, len(b.Publish))
 	byTopic := map[string][]int{}
 	var topics []string
@@ -95,15 +112,19 @@ func (s *Server) processAcross(ctx *fasthttp.RequestCtx, r *route, b *processBod
 		}
 		byTopic[t] = append(byTopic[t], i)
 	}
+	slices.SortStableFunc(topics, func(a, b string) int {
+		switch {
+		case unchecked[a] == unchecked[b]:
+			return 0
+		case unchecked[a]:
+			return -1
+		}
+		return 1
+	})
 	for _, t := range topics {
 		msgs := make([]batchMsg, 0, len(byTopic[t]))
 		for _, i := range byTopic[t] {
-			m := b.Publish[i].batchMsg
-			if m.IdempotencyKey == nil {
-				k := derivedKey(r.topic, r.group, cmd.Receipts, i)
-				m.IdempotencyKey = &k
-			}
-			msgs = append(msgs, m)
+			msgs = append(msgs, b.Publish[i].batchMsg)
 		}
 		ans, err := s.publishElsewhere(ctx, r, t, msgs)
 		var pa *passedAnswer
@@ -149,6 +170,77 @@ func (s *Server) processAcross(ctx *fasthttp.RequestCtx, r *route, b *processBod
 	}
 	writeJSON(ctx, 200, processAnswer{Acked: pr.Acked, Duplicate: pr.Duplicate, Results: results})
 	return nil
+}
+
+// checkAcross refuses, before any foreign output is published, what the
+// ack or an output topic's batch would refuse and this node can tell now:
+// a call refused after publishing would leave its outputs published, and
+// a later call with the same inputs would find them stored under its keys.
+// The receipts are checked in the input's group as the ack checks them
+// (process runs on that group's leader, so its state holds every lease it
+// granted, and a lease only ends: what is refused here the ack would
+// refuse), unless an earlier process call's kept outcome answers them (a
+// repeat, answered by the ack); each foreign output as processOutput
+// checks a local one (name, fields, topic, size), in its topic's group's
+// state where this node holds a replica. It reports whether it wrote the
+// answer, and the output topics it could not check (held nowhere here, or
+// not found by a replica that does not lead its group and may lag).
+func (s *Server) checkAcross(ctx *fasthttp.RequestCtx, r *route, b *processBody, cmd *command.Command, idx, foreign []int) (unchecked map[string]bool, written bool, err error) {
+	var st []string
+	var repeat bool
+	err = s.state.Read(func(rd *fsm.Reader) error {
+		var err error
+		st, repeat, err = rd.ProcessReceipts(r.topic, r.group, cmd.Now, cmd.Receipts)
+		return err
+	})
+	bad := 0
+	for _, x := range st {
+		if x != group.StatusOK {
+			bad++
+		}
+	}
+	switch {
+	case errors.Is(err, group.ErrGroupNotFound):
+		rr, serr := staleReceipts(err, r, b.Ack, idx, nil)
+		writeStale(ctx, serr, rr)
+		return nil, true, nil
+	case err == nil && bad > 0 && !repeat:
+		err = fmt.Errorf("%w: %d of %d receipts", fsm.ErrStaleReceipt, bad, len(st))
+		rr, serr := staleReceipts(err, r, b.Ack, idx, &fsm.Result{Statuses: st})
+		writeStale(ctx, serr, rr)
+		return nil, true, nil
+	}
+	unchecked = map[string]bool{}
+	for _, i := range foreign {
+		o := &b.Publish[i]
+		v, leads := s.outputServer(o.Topic)
+		if _, err := v.processOutput(o, i); err != nil {
+			if errors.Is(err, mlog.ErrTopicNotFound) && !leads {
+				unchecked[o.Topic] = true
+				continue
+			}
+			return nil, false, err
+		}
+	}
+	return unchecked, false, nil
+}
+
+// outputServer is the server of the raft group that holds topic on this
+// node, with whether it serves as that group's leader; without a replica
+// here, s (which checks an output's name and fields, and finds no topic).
+func (s *Server) outputServer(topic string) (*Server, bool) {
+	gn, ok := s.top.grouped()
+	if !ok {
+		return s, false
+	}
+	v, held := s.top, true
+	if id := gn.TopicGroup(topic); id != "" {
+		v, held = s.top.view(id)
+	}
+	if !held {
+		return s, false
+	}
+	return v, v.node.Serving()
 }
 
 // publishElsewhere publishes msgs to topic as one batch through this

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,14 @@ const (
 	// request may go from any node to the metadata leader (a topic's
 	// creation), to a member of the topic's data group, to its leader.
 	maxForwardHops = 3
+	// forwardLoopHeader marks the answer of a request refused for
+	// maxForwardHops: nothing was done, so the node it entered by (hop 0)
+	// treats it as a leader it could not reach and tries again within the
+	// request's deadline (errForwardLoop), rather than pass a 503 on. A
+	// data group's leadership moves just after the group is made (its
+	// election, then the hand-off to its preferred leader), while its
+	// first topic's creation is forwarded to it.
+	forwardLoopHeader = "Mq-Forward-Loop"
 	// maxHandOffWait bounds how long a request on a stopping leader waits
 	// for another node to take the leadership.
 	maxHandOffWait = 2 * time.Second
@@ -395,6 +404,7 @@ func (s *Server) forward(rctx context.Context, ctx *fasthttp.RequestCtx) error {
 func (s *Server) forwardBody(rctx context.Context, ctx *fasthttp.RequestCtx, body []byte) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
+		ctx.Response.Header.Set(forwardLoopHeader, "1")
 		return fmt.Errorf("%w: leadership is changing, retry", replica.ErrNotLeader)
 	}
 	_, addr, ok := s.node.Leader()
@@ -427,13 +437,31 @@ func (s *Server) forwardTo(rctx context.Context, ctx *fasthttp.RequestCtx, addr 
 		resp.Reset()
 		return s.forwardFailed(ctx, addr, err)
 	}
+	if hops == 0 && len(resp.Header.Peek(forwardLoopHeader)) > 0 {
+		resp.Reset()
+		return fmt.Errorf("%w: %s", errForwardLoop, addr)
+	}
 	return nil
 }
 
+// errForwardLoop: a forward went round nodes whose views of the leader
+// were out of date until maxForwardHops refused it, doing nothing; the
+// node the request entered by waits and forwards it again, as when the
+// leader could not be reached.
+var errForwardLoop = fmt.Errorf("%w (forwarded %d times while leadership moved)", errLeaderUnreachable, maxForwardHops)
+
+// isDialError reports whether a forward failed before the request reached
+// the peer's HTTP server: the connection was not made, or its mutual-TLS
+// handshake failed (this node did not trust the peer's certificate, or the
+// peer refused this node's: it then reads nothing sent on the connection),
+// as when a node was restarted with another CA's certificate while the
+// others still name it a data group's leader.
 func isDialError(err error) bool {
 	var op *net.OpError
+	var verify *tls.CertificateVerificationError
+	var alert tls.AlertError
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fasthttp.ErrDialTimeout) ||
-		(errors.As(err, &op) && op.Op == "dial")
+		(errors.As(err, &op) && op.Op == "dial") || errors.As(err, &verify) || errors.As(err, &alert)
 }
 
 // fetchWait is how long a forwarded fetch may legitimately wait.

@@ -166,6 +166,7 @@ func (s *Server) waitView(ctx *fasthttp.RequestCtx, gn groupedNode, id string) (
 func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id string) error {
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	if hops >= maxForwardHops {
+		ctx.Response.Header.Set(forwardLoopHeader, "1")
 		return fmt.Errorf("%w: data group %s is changing, retry", replica.ErrNotLeader, id)
 	}
 	rctx, cancel, err := deadline(ctx)

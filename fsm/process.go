@@ -100,6 +100,29 @@ func applyProcess(tx *bolt.Tx, idx uint64, c *command.Command, ev *Events) (*Res
 	return &Result{Process: pr}, nil
 }
 
+// ProcessReceipts reads what a process call acking receipts rs of topic's
+// group name would find at now, writing nothing: each receipt's status as
+// applyProcess checks it, and whether an earlier call's kept outcome
+// answers them (a repeat). group.ErrGroupNotFound and
+// mlog.ErrTopicNotFound as the call would be refused.
+func (r *Reader) ProcessReceipts(topic, name string, now int64, rs []group.Receipt) (st []string, repeat bool, err error) {
+	l, err := mlog.Open(r.tx, topic)
+	if err != nil {
+		return nil, false, err
+	}
+	g, err := group.Open(r.tx, l, name, false, now)
+	if err != nil {
+		return nil, false, err
+	}
+	// A receipt's delivery is the index of the command that leased it:
+	// below the next command's.
+	if st, err = g.Check(now, r.AppliedIndex()+1, rs); err != nil || notOK(st) == 0 {
+		return st, false, err
+	}
+	_, repeat, err = g.Outcome(rs, now)
+	return st, repeat, err
+}
+
 func notOK(st []string) int {
 	n := 0
 	for _, s := range st {

@@ -196,7 +196,11 @@ func (n *Node) clockGate(ctx context.Context, g *replica.Group) bool {
 }
 
 func (n *Node) handOffForClock(g *replica.Group, st ClockState) {
-	n.logger.Error("not leading: "+st.Reason+"; handing leadership off", "offset", st.Offset)
+	l := n.logger
+	if g.ID() != replica.DefaultGroup {
+		l = l.With(replica.GroupLabel, g.ID())
+	}
+	l.Error("not leading: "+st.Reason+"; handing leadership off", "offset", st.Offset)
 	if err := g.TransferLeadership(); err != nil {
 		n.logger.Warn("leadership transfer", "err", err)
 	}

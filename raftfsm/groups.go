@@ -125,7 +125,7 @@ func (n *Node) openDataGroups(ctx context.Context) {
 		if !member {
 			if current < 0 {
 				current = 0
-				if n.Ready(ctx).Ready {
+				if v := n.Ready(ctx); v.Ready || v.CaughtUp {
 					current = 1
 				}
 			}

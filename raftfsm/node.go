@@ -190,7 +190,11 @@ func (n *Node) groupTransport(id string) (replica.GatedTransport, error) {
 			return nil, fmt.Errorf("raft transport: %w", err)
 		}
 	}
-	trans, err := n.mux.Transport(muxGroup(id), replica.NewHclog(n.cfg.Logger, "raft"))
+	logger := n.cfg.Logger
+	if id != replica.DefaultGroup {
+		logger = logger.With(replica.GroupLabel, id) // as the group's own lines (replica.GroupConfig)
+	}
+	trans, err := n.mux.Transport(muxGroup(id), replica.NewHclog(logger, "raft"))
 	if err != nil {
 		return nil, fmt.Errorf("raft transport: %w", err)
 	}

@@ -3,7 +3,9 @@ package raftfsm
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -37,6 +39,10 @@ type Readiness struct {
 	// Applied and Commit: the FSM's applied index, and the commit index
 	// it was judged against (on a follower, the leader's if higher).
 	Applied, Commit uint64
+	// CaughtUp: the metadata group is ready (it applied what the cluster
+	// committed), though Ready may be false for a data group this node
+	// holds that is out of elections (lost-log guard).
+	CaughtUp bool
 }
 
 // readiness holds the latest verdict, and the client that asks the
@@ -50,7 +56,9 @@ type readiness struct {
 
 // Ready reports whether the node is ready to serve: its clock agrees with
 // the cluster's, it knows a leader (a leader: it has committed its term's
-// first entry), and it has applied everything the cluster had committed.
+// first entry), it has applied everything the cluster had committed, and
+// no raft group it holds, the default one or a data group, is out of
+// elections for lost log entries (replica/lostlog.go).
 func (n *Node) Ready(ctx context.Context) Readiness {
 	r := &n.ready
 	r.mu.Lock()
@@ -101,7 +109,9 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 	for {
 		v.Applied = n.def.AppliedIndex()
 		if n.def.AppliedTo(v.Commit, v.Applied) {
-			v.Ready = true
+			v.CaughtUp = true
+			v.Reason = n.dataLostReason()
+			v.Ready = v.Reason == ""
 			return v
 		}
 		select {
@@ -113,6 +123,22 @@ func (n *Node) judgeReady(ctx context.Context) Readiness {
 		v.Reason = fmt.Sprintf("catching up: applied %d of %d committed", v.Applied, v.Commit)
 		return v
 	}
+}
+
+// dataLostReason says why a data group this node holds neither votes nor
+// stands for election (its log lost entries its state applied, or its
+// state differs from the group's for good), "" when none is: such a
+// replica serves nothing until it catches up, and the operator must learn
+// of a diverged one as of the default group's (docs/operations.md).
+func (n *Node) dataLostReason() string {
+	groups := n.DataGroups()
+	ids := slices.Sorted(maps.Keys(groups))
+	for _, id := range ids {
+		if why := groups[id].LostReason(); why != "" {
+			return "data group " + id + ": " + why
+		}
+	}
+	return ""
 }
 
 // askLeaderCommit is leader lid's commit index, by its answer to a status

@@ -198,6 +198,13 @@ func (c *GroupConfig) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.ID != DefaultGroup {
+		// Every line of a data group (its state file, snapshots, raft's
+		// own, the lost-log guard) says which group it is about, as its
+		// series on /metrics do; the default group's lines stay as they
+		// were before groups.
+		c.Logger = c.Logger.With(GroupLabel, c.ID)
+	}
 	return nil
 }
 

@@ -126,7 +126,7 @@ var raftStates = []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, ra
 // groupDescs are the descriptions of what groupCollector reads at scrape
 // time, labelled with one group's id.
 type groupDescs struct {
-	state, commit, applied, last, term, wheel, format *prometheus.Desc
+	state, commit, applied, last, snapshot, term, wheel, format *prometheus.Desc
 }
 
 func newGroupDescs(l prometheus.Labels) groupDescs {
@@ -135,8 +135,10 @@ func newGroupDescs(l prometheus.Labels) groupDescs {
 		commit:  prometheus.NewDesc("mqd_raft_commit_index", "Highest raft index this node knows to be committed.", nil, l),
 		applied: prometheus.NewDesc("mqd_raft_applied_index", "Last raft index applied to this node's state.", nil, l),
 		last:    prometheus.NewDesc("mqd_raft_last_log_index", "Last index in this node's raft log.", nil, l),
-		term:    prometheus.NewDesc("mqd_raft_term", "This node's current raft term.", nil, l),
-		wheel:   prometheus.NewDesc("mqd_timing_wheel_timers", "Due times in the leader's timing wheel (0 on followers).", nil, l),
+		snapshot: prometheus.NewDesc("mqd_raft_last_snapshot_index",
+			"Raft index of this node's latest snapshot of the group (GET /v1/cluster's last_snapshot_index is the default group's).", nil, l),
+		term:  prometheus.NewDesc("mqd_raft_term", "This node's current raft term.", nil, l),
+		wheel: prometheus.NewDesc("mqd_timing_wheel_timers", "Due times in the leader's timing wheel (0 on followers).", nil, l),
 		format: prometheus.NewDesc("mqd_state_format",
 			"Format of the replicated state as this node applied it; the leader raises it once every member's binary reads the next one.", nil, l),
 	}
@@ -149,7 +151,7 @@ type groupCollector struct {
 }
 
 func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.d.state, c.d.commit, c.d.applied, c.d.last, c.d.term, c.d.wheel, c.d.format} {
+	for _, d := range []*prometheus.Desc{c.d.state, c.d.commit, c.d.applied, c.d.last, c.d.snapshot, c.d.term, c.d.wheel, c.d.format} {
 		ch <- d
 	}
 }
@@ -167,6 +169,7 @@ func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.d.commit, prometheus.GaugeValue, float64(r.CommitIndex()))
 	ch <- prometheus.MustNewConstMetric(c.d.applied, prometheus.GaugeValue, float64(c.g.fsm.AppliedIndex()))
 	ch <- prometheus.MustNewConstMetric(c.d.last, prometheus.GaugeValue, float64(r.LastIndex()))
+	ch <- prometheus.MustNewConstMetric(c.d.snapshot, prometheus.GaugeValue, float64(c.g.LastSnapshotIndex()))
 	ch <- prometheus.MustNewConstMetric(c.d.term, prometheus.GaugeValue, float64(r.CurrentTerm()))
 	wheel := 0.0
 	if c.g.sched.active.Load() {

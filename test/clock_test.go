@@ -19,10 +19,16 @@ import (
 // handed to it (the leader stops gracefully while the other follower is
 // paused, so the skewed one is the best-placed), it hands it off again
 // before proposing anything. So its clock expires nothing: a dedup key
-// and a lease taken before are still in force afterwards.
+// and a lease taken before are still in force afterwards. With data
+// groups, the same in the topic's group: its leader hands it to the
+// skewed member, which hands it off again.
 func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3)
+	groupVariants(t, clockSkewedNodeDoesNotLead)
+}
+
+func clockSkewedNodeDoesNotLead(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 3, opts...)
 	ctx := ctxFor(t, 120*time.Second)
 	leader, fs := mustRoles(t, c)
 	skewed, other := fs[0], fs[1]
@@ -41,6 +47,10 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustTopic(t, leader, "skew", map[string]any{"ack_timeout_ms": 300000})
+	g := topicGroup(t, leader, "skew")
+	if g != "default" {
+		leader, skewed, other = groupRoles(t, c, "skew")
+	}
 	first := mustPublish(t, leader, "skew", "one", map[string]string{"Idempotency-Key": "k1"})
 	msgs, _, err := leader.Fetch(ctx, "skew", "g", tc.FetchRequest{Max: 1, LeaseMs: 300000})
 	if err != nil || len(msgs) != 1 {
@@ -69,9 +79,13 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 	}
 	// Let the skewed node catch up, then make it the best-placed follower.
 	if _, err := waitView(wctx, skewed, "caught up", func(ci tc.ClusterInfo) bool {
-		return ci.AppliedIndex > 0 && ci.AppliedIndex >= ci.CommitIndex && ci.LeaderID() == leader.ID()
+		return ci.AppliedIndex > 0 && ci.AppliedIndex >= ci.CommitIndex && (g != "default" || ci.LeaderID() == leader.ID())
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if g != "default" { // the topic's group led by leader again, and caught up on skewed
+		groupRoles(t, c, "skew")
+		waitSameApplied(t, g, leader, skewed)
 	}
 	other.Pause()
 	for _, k := range []string{"k2", "k3", "k4"} {
@@ -90,8 +104,12 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatalf("no leader other than the skewed node")
 		}
-		l, _ = c.Leader(ctx)
-		if l == skewed {
+		if g == "default" {
+			l, _ = c.Leader(ctx)
+		} else if _, id, _, err := topicPlacement(ctx, other, "skew"); err == nil && id != "" {
+			l = c.NodeByID(id)
+		}
+		if l == nil || l == skewed {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
@@ -109,6 +127,18 @@ func TestClockSkewedNodeDoesNotLead(t *testing.T) {
 	log, _ := os.ReadFile(skewed.LogPath())
 	t.Logf("skewed node %s: elected %d times, handed off for its clock %d times", skewed.ID(),
 		strings.Count(string(log), "became leader"), strings.Count(string(log), "not leading: clock"))
+	if g != "default" { // it was handed the topic's group, and handed it off
+		var elected, handed int
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, " raft_group="+g) {
+				elected += strings.Count(line, "became leader")
+				handed += strings.Count(line, "not leading: clock")
+			}
+		}
+		if elected == 0 || handed == 0 {
+			t.Errorf("skewed node %s in data group %s: elected %d times, handed off for its clock %d times; want both", skewed.ID(), g, elected, handed)
+		}
+	}
 	if _, err := l.Do(ctx, http.MethodGet, "/readyz", nil, nil); err != nil {
 		t.Fatal(err)
 	}

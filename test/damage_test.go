@@ -42,15 +42,19 @@ type damageCase struct {
 
 type damageRun struct {
 	c      *tc.Cluster
-	leader *tc.Node
-	f      *tc.Node
+	g      string   // the topic's raft group: "default" or a data group's id
+	leader *tc.Node // g's leader
+	f      *tc.Node // a follower of g
 	ctx    context.Context
 	acked  []string
 	next   int
 	pad    string // appended to every payload
 }
 
-func (d *damageRun) fsmPath() string { return filepath.Join(d.f.DataDir(), "fsm.db") }
+func (d *damageRun) fsmPath() string { return filepath.Join(d.dir(), "fsm.db") }
+
+// dir is the directory of f's replica of the topic's group.
+func (d *damageRun) dir() string { return groupDir(d.f, d.g) }
 
 // publish publishes n messages through the leader and records them.
 func (d *damageRun) publish(t *testing.T, n int) {
@@ -69,13 +73,13 @@ func (d *damageRun) publish(t *testing.T, n int) {
 func (d *damageRun) caughtUp(t *testing.T) {
 	t.Helper()
 	for {
-		li, err1 := d.leader.Cluster(d.ctx)
-		fi, err2 := d.f.Cluster(d.ctx)
-		if err1 == nil && err2 == nil && fi.AppliedIndex >= li.AppliedIndex {
+		li, ok1 := groupFigure(d.ctx, t, d.leader, "mqd_raft_applied_index", d.g)
+		fi, ok2 := groupFigure(d.ctx, t, d.f, "mqd_raft_applied_index", d.g)
+		if ok1 && ok2 && fi >= li {
 			return
 		}
 		if d.ctx.Err() != nil {
-			t.Fatalf("%s never caught up with the leader: %v %v", d.f, err1, err2)
+			t.Fatalf("%s never caught up with the leader in raft group %s: %.0f of %.0f", d.f, d.g, fi, li)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -201,12 +205,11 @@ var damageCases = []damageCase{{
 		// goes by are logged, once, so that a recurrence says why.
 		diag := time.Now().Add(30 * time.Second)
 		for {
-			ci, err := d.f.Cluster(d.ctx)
-			if err == nil && ci.LastSnapshotIndex > 0 {
+			if groupSnapshot(d.ctx, t, d.f, d.g) > 0 {
 				break
 			}
 			if d.ctx.Err() != nil {
-				t.Fatalf("%s took no snapshot: %v", d.f, err)
+				t.Fatalf("%s took no snapshot of raft group %s", d.f, d.g)
 			}
 			if !diag.IsZero() && time.Now().After(diag) {
 				diag = time.Time{}
@@ -221,7 +224,7 @@ var damageCases = []damageCase{{
 		}
 		// Every snapshot's state flipped in its middle, and fsm.db lost,
 		// so that the node must restore one at start.
-		snaps, _ := filepath.Glob(filepath.Join(d.f.DataDir(), "snapshots", "snapshots", "*", "state.bin"))
+		snaps, _ := filepath.Glob(filepath.Join(d.dir(), "snapshots", "snapshots", "*", "state.bin"))
 		if len(snaps) == 0 {
 			t.Fatal("no snapshot file")
 		}
@@ -239,14 +242,18 @@ var damageCases = []damageCase{{
 	reason: "snapshot_crc",
 }}
 
+// With data groups, the same for the files of a data group's replica.
 func TestDamagedFileOnOneNode(t *testing.T) {
 	t.Parallel()
 	for _, dc := range damageCases {
 		t.Run(dc.name, func(t *testing.T) { testDamagedFile(t, dc) })
 	}
+	for _, dc := range damageCases {
+		t.Run("data-group/"+dc.name, func(t *testing.T) { testDamagedFile(t, dc, tc.WithDataGroups()) })
+	}
 }
 
-func testDamagedFile(t *testing.T, dc damageCase) {
+func testDamagedFile(t *testing.T, dc damageCase, groups ...tc.Option) {
 	// The checkpoint held still (see above), but for the snapshot case:
 	// pages freed meanwhile are not reused, the file grows, and snapshots,
 	// which go by its size, would not come.
@@ -254,13 +261,16 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	if dc.snapshots {
 		opts = []tc.Option{tc.WithSnapshot(50, time.Second, 100000)}
 	}
-	c := tc.Start(t, 3, opts...)
+	c := tc.Start(t, 3, append(opts, groups...)...)
 	leader, fs := mustRoles(t, c)
 	d := &damageRun{c: c, leader: leader, f: fs[0], ctx: ctxFor(t, 240*time.Second)}
 	if dc.snapshots {
 		d.pad = strings.Repeat("p", 2000) // log bytes, which snapshots go by
 	}
 	mustTopic(t, leader, "d", map[string]any{"partitions": 2})
+	if d.g = topicGroup(t, leader, "d"); d.g != "default" {
+		d.leader, d.f, _ = groupRoles(t, c, "d")
+	}
 	d.publish(t, 150)
 	d.caughtUp(t)
 	dc.damage(t, d)
@@ -272,21 +282,29 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	d.publish(t, 50)
 	d.caughtUp(t)
 
-	logText := string(readFile(t, d.f.LogPath()))
-	if n := strings.Count(logText, dc.line); n != 1 {
-		t.Errorf("%s's log says %q %d times, want once", d.f, dc.line, n)
+	// The line about the group's state file, once (a data group's lines
+	// name it: every group of a killed node opens at its checkpoint).
+	n := 0
+	for _, l := range strings.Split(string(readFile(t, d.f.LogPath())), "\n") {
+		if strings.Contains(l, dc.line) && (d.g == "default") != strings.Contains(l, " raft_group=") &&
+			(d.g == "default" || strings.Contains(l, " raft_group="+d.g)) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%s's log says %q of raft group %s %d times, want once", d.f, dc.line, d.g, n)
 	}
 	if r, err := d.f.Do(d.ctx, "GET", "/metrics", nil, nil); err != nil {
 		t.Error(err)
-	} else if want := `mqd_fsm_recoveries_total{raft_group="default",reason="` + dc.reason + `"}`; !strings.Contains(string(r.Body), want) {
+	} else if want := `mqd_fsm_recoveries_total{raft_group="` + d.g + `",reason="` + dc.reason + `"}`; !strings.Contains(string(r.Body), want) {
 		t.Errorf("%s's /metrics has no %s", d.f, want)
 	}
 	if dc.aside != "" {
-		if m, _ := filepath.Glob(filepath.Join(d.f.DataDir(), dc.aside)); len(m) == 0 {
-			t.Errorf("nothing set aside as %s in %s", dc.aside, d.f.DataDir())
+		if m, _ := filepath.Glob(filepath.Join(d.dir(), dc.aside)); len(m) == 0 {
+			t.Errorf("nothing set aside as %s in %s", dc.aside, d.dir())
 		}
 	}
-	if diff := replicaDiff(t, c); len(diff) > 0 {
+	if diff := replicaDiff(t, c, d.g); len(diff) > 0 {
 		t.Fatalf("replicas differ after the damage (%d keys), first: %s", len(diff), diff[0])
 	}
 	msgs, err := drain(d.ctx, d.f, "d", "g", 2*time.Second)
@@ -304,9 +322,10 @@ func testDamagedFile(t *testing.T, dc damageCase) {
 	}
 }
 
-// replicaDiff freezes every node, copies its fsm.db and compares them key
-// by key once they are at one applied index; it lists the keys that differ.
-func replicaDiff(t *testing.T, c *tc.Cluster) []string {
+// replicaDiff freezes every node, copies its fsm.db of raft group g and
+// compares them key by key once they are at one applied index; it lists
+// the keys that differ.
+func replicaDiff(t *testing.T, c *tc.Cluster, g string) []string {
 	t.Helper()
 	tmp := t.TempDir()
 	var last []uint64
@@ -321,7 +340,7 @@ func replicaDiff(t *testing.T, c *tc.Cluster) []string {
 		paths := make([]string, len(nodes))
 		for i, n := range nodes {
 			paths[i] = filepath.Join(tmp, strconv.Itoa(i)+".db")
-			writeFile(t, paths[i], readFile(t, filepath.Join(n.DataDir(), "fsm.db")))
+			writeFile(t, paths[i], readFile(t, filepath.Join(groupDir(n, g), "fsm.db")))
 		}
 		for _, n := range nodes {
 			n.Resume()

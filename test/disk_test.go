@@ -399,12 +399,19 @@ func diskMetric(ctx context.Context, t *testing.T, n *tc.Node, name string) floa
 // wal segment only, and the node's own snapshot took free space from
 // 96 MiB to 24 or to 0 ("failed to take snapshot: no space left on
 // device").
+//
+// With data groups the state is the topic's group's, under groups/<id>/.
 func TestDiskFloorCountsSnapshot(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1h"))
+	groupVariants(t, diskFloorCountsSnapshot)
+}
+
+func diskFloorCountsSnapshot(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "32MiB", "--snapshot-interval", "1h"))...)
 	n := c.Node(0)
 	ctx := ctxFor(t, 180*time.Second)
 	mustTopic(t, n, "floor", map[string]any{"max_message_bytes": 1 << 20})
+	series := func(name string) string { return name + `{raft_group="` + topicGroup(t, n, "floor") + `"}` }
 	stop := minFreeSampler(t, n.DataDir())
 	acked, _ := fillTo507(ctx, t, n, "floor")
 	if err := n.Stop(); err != nil {
@@ -423,11 +430,11 @@ func TestDiskFloorCountsSnapshot(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := waitMetric(wctx, n, "mqd_raft_snapshots_total", func(v float64) bool { return v > 0 }); err != nil {
+	if err := waitMetric(wctx, n, series("mqd_raft_snapshots_total"), func(v float64) bool { return v > 0 }); err != nil {
 		t.Fatalf("no snapshot after the restart: %v", err)
 	}
 	least := stop()
-	size := diskMetric(ctx, t, n, "mqd_raft_snapshot_bytes")
+	size := diskMetric(ctx, t, n, series("mqd_raft_snapshot_bytes"))
 	t.Logf("%d acknowledged; snapshot of %.0f MiB; least free %d MiB", acked, size/(1<<20), least>>20)
 	if size < 32<<20 {
 		t.Fatalf("snapshot of %v bytes: not the nearly full state, the test did not exercise the case", size)
@@ -495,15 +502,23 @@ func TestDiskFreedWritesResume(t *testing.T) {
 // disk_low, and the leader, which learns it from its probes, accepts
 // writes again. Before, the follower's fsm.db and snapshots kept their
 // size, so it stayed under its floor and the leader refused all writes
-// for good.
+// for good. With data groups, a follower in the group of the topic that
+// fills the disk.
 func TestFollowerDiskFreedStopsBlocking(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 3, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))
+	groupVariants(t, followerDiskFreedStopsBlocking)
+}
+
+func followerDiskFreedStopsBlocking(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 3, append(opts, withTmpfs(t, 256<<20), tc.WithFlags("--min-free-disk", "16MiB", "--snapshot-interval", "1s"))...)
 	ctx := ctxFor(t, 300*time.Second)
 	leader, followers := mustRoles(t, c)
-	f := followers[0]
 	mustTopic(t, leader, "big", map[string]any{"max_message_bytes": 1 << 20})
 	mustTopic(t, leader, "small", nil)
+	if topicGroup(t, leader, "big") != "default" {
+		leader, followers = placedRoles(t, c, "big")
+	}
+	f := followers[0]
 	// A ballast of nearly half its volume makes this follower the first
 	// member to get low.
 	ballast, err := os.Create(filepath.Join(f.DataDir(), "ballast"))

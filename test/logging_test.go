@@ -124,13 +124,20 @@ func TestQuietLogs(t *testing.T) {
 // Every answer carries Mq-Request-Id (the client's, or a new one); a
 // request forwarded by a follower is logged on both nodes with the same
 // request_id, and with its topic and idempotency key. --pprof serves
-// profiles.
+// profiles. With data groups, the follower and leader of the topic's group.
 func TestRequestIDInLogs(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 2, tc.WithFlags("--log-format", "json", "--log-level", "debug", "--pprof"))
+	groupVariants(t, requestIDInLogs)
+}
+
+func requestIDInLogs(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 2, append(opts, tc.WithFlags("--log-format", "json", "--log-level", "debug", "--pprof"))...)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
 	mustTopic(t, leader, "rid", nil)
+	if topicGroup(t, leader, "rid") != "default" {
+		leader, followers = placedRoles(t, c, "rid")
+	}
 	r, err := followers[0].Do(ctx, "POST", "/v1/topics/rid/messages", "x",
 		map[string]string{"Mq-Request-Id": "req-42.a", "Idempotency-Key": "order-7"})
 	if err == nil {

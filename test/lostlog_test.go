@@ -27,19 +27,25 @@ import (
 // raft.db replaced by a copy taken before them); F1 and F2 are started,
 // then L. F1 must neither vote nor lead until it holds L's log again, so
 // that no leader is elected without the entries; then every acknowledged
-// message is delivered and the three states are identical.
+// message is delivered and the three states are identical. With data
+// groups the same happens in the topic's group, whose leader L need not
+// lead the cluster.
 func TestLostLogTailLosesNothing(t *testing.T) {
 	t.Parallel()
 	for _, store := range []string{"wal", "bolt"} {
 		t.Run(store, func(t *testing.T) { lostLogTail(t, store) })
 	}
+	t.Run("data-group", func(t *testing.T) { lostLogTail(t, "wal", tc.WithDataGroups()) })
 }
 
 // tailLost is a 3-node cluster after the loss: L and F1 killed (L's log and
 // F1's state hold the 100 "lost" publishes, F1's log no longer does), F2
-// stopped before them; acked holds every acknowledged payload.
+// stopped before them; acked holds every acknowledged payload. L, F1 and
+// F2 are the roles in the topic's raft group g ("default", or its data
+// group's id).
 type tailLost struct {
 	c         *tc.Cluster
+	g         string
 	l, f1, f2 *tc.Node
 	acked     []string
 	applied   uint64 // L's and F1's applied index when killed
@@ -47,11 +53,15 @@ type tailLost struct {
 
 const lostTopic = "lostlog"
 
-func loseTail(t *testing.T, store string) *tailLost {
-	c := tc.Start(t, 3, tc.WithFlags("--raft-log", store))
+func loseTail(t *testing.T, store string, opts ...tc.Option) *tailLost {
+	c := tc.Start(t, 3, append(opts, tc.WithFlags("--raft-log", store))...)
 	l, fs := mustRoles(t, c)
-	s := &tailLost{c: c, l: l, f1: fs[0], f2: fs[1]}
 	mustTopic(t, l, lostTopic, map[string]any{"partitions": 1})
+	s := &tailLost{c: c, g: topicGroup(t, l, lostTopic), l: l, f1: fs[0], f2: fs[1]}
+	if s.g != "default" {
+		s.l, s.f1, s.f2 = groupRoles(t, c, lostTopic)
+		l = s.l
+	}
 	publish := func(prefix string, n int) {
 		for i := range n {
 			p := fmt.Sprintf("%s-%03d", prefix, i)
@@ -60,43 +70,43 @@ func loseTail(t *testing.T, store string) *tailLost {
 		}
 	}
 	publish("before", 20)
-	waitSameApplied(t, l, s.f1, s.f2)
+	waitSameApplied(t, s.g, l, s.f1, s.f2)
 	var raftDB []byte // bolt: F1's log as it was before the 100 publishes
 	if store == "bolt" {
 		if err := s.f1.Stop(); err != nil {
 			t.Fatalf("stop %s: %v", s.f1, err)
 		}
-		raftDB = mustRead(t, filepath.Join(s.f1.DataDir(), "raft.db"))
+		raftDB = mustRead(t, filepath.Join(groupDir(s.f1, s.g), "raft.db"))
 		s.f1.Restart()
 		if err := s.f1.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
 			t.Fatalf("%s after restart: %v", s.f1, err)
 		}
 	}
-	cut := mustCluster(t, s.f1).AppliedIndex + 1 // the first entry F1 will lose
+	cut := groupApplied(t, s.f1, s.g) + 1 // the first entry F1 will lose
 	if err := s.f2.Stop(); err != nil {
 		t.Fatalf("stop %s: %v", s.f2, err)
 	}
 	publish("lost", 100) // committed on L and F1
-	waitSameApplied(t, l, s.f1)
-	s.applied = mustCluster(t, s.f1).AppliedIndex
+	waitSameApplied(t, s.g, l, s.f1)
+	s.applied = groupApplied(t, s.f1, s.g)
 	l.Kill()
 	s.f1.Kill()
 	if store == "wal" {
-		cutWALTail(t, filepath.Join(s.f1.DataDir(), "wal"), cut)
-	} else if err := os.WriteFile(filepath.Join(s.f1.DataDir(), "raft.db"), raftDB, 0o600); err != nil {
+		cutWALTail(t, filepath.Join(groupDir(s.f1, s.g), "wal"), cut)
+	} else if err := os.WriteFile(filepath.Join(groupDir(s.f1, s.g), "raft.db"), raftDB, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s applied %d; its log now ends before %d", s.f1, s.applied, cut)
 	return s
 }
 
-func lostLogTail(t *testing.T, store string) {
-	s := loseTail(t, store)
+func lostLogTail(t *testing.T, store string, opts ...tc.Option) {
+	s := loseTail(t, store, opts...)
 	c, l, f1, f2, topic := s.c, s.l, s.f1, s.f2, lostTopic
 	acked := s.acked
 	f1.Restart()
 	f2.Restart()
-	restricted := publishWhileLeaderDown(t, c, l, f1, f2, topic, &acked)
+	restricted := publishWhileLeaderDown(t, c, s.g, l, f1, f2, topic, &acked)
 	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("cluster not ready after L's return: %v", err)
 	}
@@ -109,11 +119,15 @@ func lostLogTail(t *testing.T, store string) {
 		acked = append(acked, p)
 	}
 	checkDelivered(t, leader, topic, acked)
-	compareStates(t, c)
+	if s.g == "default" {
+		compareStates(t, c)
+	} else {
+		compareStateFiles(t, c.Nodes(), filepath.Join("groups", s.g, "fsm.db"))
+	}
 	if !restricted {
 		t.Errorf("%s never answered /readyz 503 saying it does not vote after losing its log's tail", f1)
 	}
-	if _, err := os.Stat(filepath.Join(f1.DataDir(), "lost-entries")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(groupDir(f1, s.g), "lost-entries")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s still records lost entries after catching up: %v", f1, err)
 	}
 }
@@ -122,7 +136,7 @@ func lostLogTail(t *testing.T, store string) {
 // down, starting L once F1 says it does not vote (none can be acked before
 // L returns) or once they were all acked (a leader was elected without the
 // lost entries). It reports whether F1 said so.
-func publishWhileLeaderDown(t *testing.T, c *tc.Cluster, l, f1, f2 *tc.Node, topic string, acked *[]string) bool {
+func publishWhileLeaderDown(t *testing.T, c *tc.Cluster, g string, l, f1, f2 *tc.Node, topic string, acked *[]string) bool {
 	done := make(chan error, 1)
 	var after []string
 	go func() {
@@ -154,7 +168,7 @@ wait:
 		if rerr == nil && r.Status == 503 && strings.Contains(string(r.Body), "not voting") {
 			t.Logf("%s /readyz: %s", f1, r.Body)
 			m, merr := f1.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
-			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\"default\"} 1\n") {
+			if merr != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\""+g+"\"} 1\n") {
 				t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", f1, merr)
 			}
 			restricted = true
@@ -213,14 +227,15 @@ func mustRead(t *testing.T, path string) []byte {
 	return b
 }
 
-// waitSameApplied waits until every node has applied what the first one has.
-func waitSameApplied(t *testing.T, nodes ...*tc.Node) {
+// waitSameApplied waits until every node has applied, in raft group g,
+// what the first one has.
+func waitSameApplied(t *testing.T, g string, nodes ...*tc.Node) {
 	t.Helper()
 	ctx := ctxFor(t, 30*time.Second)
-	want := mustCluster(t, nodes[0]).AppliedIndex
+	want := groupApplied(t, nodes[0], g)
 	for _, n := range nodes[1:] {
 		for {
-			if ci, err := n.Cluster(ctx); err == nil && ci.AppliedIndex >= want {
+			if v, ok := groupFigure(ctx, t, n, "mqd_raft_applied_index", g); ok && uint64(v) >= want {
 				break
 			}
 			select {
@@ -288,7 +303,7 @@ func cutWALTail(t *testing.T, dir string, from uint64) {
 func compareStates(t *testing.T, c *tc.Cluster) {
 	t.Helper()
 	nodes := c.Nodes()
-	waitSameApplied(t, nodes...)
+	waitSameApplied(t, "default", nodes...)
 	compareStateFiles(t, nodes, "fsm.db")
 }
 
@@ -398,21 +413,27 @@ func readFSM(t *testing.T, path string) map[string][]byte {
 // node holds the lost entries, but the state does: the operator's way out
 // (docs/operations.md) is a backup of it restored as a new cluster, which
 // holds every acknowledged message.
+// With data groups the topic's group (one replica) is the one that lost them.
 func TestLostLogTailSingleNodeServesNothing(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1)
+	groupVariants(t, lostLogTailSingleNode)
+}
+
+func lostLogTailSingleNode(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, opts...)
 	n := mustLeader(t, c)
 	const topic = "lostlog1"
 	mustTopic(t, n, topic, map[string]any{"partitions": 1})
+	g := topicGroup(t, n, topic)
 	var acked []string
 	for i := range 40 {
 		p := fmt.Sprintf("m-%03d", i)
 		mustPublish(t, n, topic, p, nil)
 		acked = append(acked, p)
 	}
-	cut := mustCluster(t, n).AppliedIndex - 29 // the last 30 publishes
+	cut := groupApplied(t, n, g) - 29 // the last 30 publishes
 	n.Kill()
-	cutWALTail(t, filepath.Join(n.DataDir(), "wal"), cut)
+	cutWALTail(t, filepath.Join(groupDir(n, g), "wal"), cut)
 	n.Restart()
 	ctx := ctxFor(t, 30*time.Second)
 	restricted := false
@@ -439,7 +460,7 @@ func TestLostLogTailSingleNodeServesNothing(t *testing.T) {
 		if r, err := n.Do(ctxFor(t, 5*time.Second), "GET", "/readyz", nil, nil); err != nil || r.Status != 503 {
 			t.Fatalf("/readyz after the refused publish: %v %v", r, err)
 		}
-		restoreLost(t, n, topic, acked)
+		restoreLost(t, n, g, topic, acked)
 		return
 	}
 	t.Errorf("%s answered /readyz 200 with its state ahead of its log", n)
@@ -457,12 +478,12 @@ func TestLostLogTailSingleNodeServesNothing(t *testing.T) {
 
 // restoreLost takes a backup of n's state, restores it as a new one-node
 // cluster and checks it delivers every acked message.
-func restoreLost(t *testing.T, n *tc.Node, topic string, acked []string) {
+func restoreLost(t *testing.T, n *tc.Node, g, topic string, acked []string) {
 	t.Helper()
 	// The state was rolled back to its checkpoint at open (it stopped
 	// uncleanly), so the acknowledged entries its log lost are in the copy
 	// of the live fsm.db it kept before the rollback (evidence.go).
-	copies, err := filepath.Glob(filepath.Join(n.DataDir(), "fsm.db.lost-*"))
+	copies, err := filepath.Glob(filepath.Join(groupDir(n, g), "fsm.db.lost-*"))
 	if err != nil || len(copies) != 1 {
 		t.Fatalf("the restricted node kept %d copies of its live fsm.db (%v), want 1", len(copies), err)
 	}
@@ -486,12 +507,16 @@ func restoreLost(t *testing.T, n *tc.Node, topic string, acked []string) {
 // new ones silently, as it did before (and answered /readyz 200 with a
 // state no other node has). It refuses to clear them, keeps its log and
 // state as evidence, and says for good that it differs; the others keep
-// serving.
+// serving. With data groups the same holds in the topic's group.
 func TestConflictAtAppliedIndexRefused(t *testing.T) {
 	t.Parallel()
-	s := loseTail(t, "wal")
+	groupVariants(t, conflictAtAppliedIndex)
+}
+
+func conflictAtAppliedIndex(t *testing.T, opts ...tc.Option) {
+	s := loseTail(t, "wal", opts...)
 	for _, f := range []string{"fsm.db", "fsm.db.state"} {
-		if err := os.Remove(filepath.Join(s.f1.DataDir(), f)); err != nil {
+		if err := os.Remove(filepath.Join(groupDir(s.f1, s.g), f)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -506,7 +531,7 @@ func TestConflictAtAppliedIndexRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	commit := mustCluster(t, leader).CommitIndex
+	commit := groupCommit(t, []*tc.Node{s.f1, s.f2}, s.g)
 	s.l.Restart()
 	ctx := ctxFor(t, 60*time.Second)
 	for {
@@ -515,7 +540,7 @@ func TestConflictAtAppliedIndexRefused(t *testing.T) {
 			t.Logf("%s /readyz: %s", s.l, r.Body)
 			break
 		}
-		if err == nil && r.Status == 200 && mustCluster(t, s.l).AppliedIndex >= commit {
+		if err == nil && r.Status == 200 && groupApplied(t, s.l, s.g) >= commit {
 			t.Fatalf("%s answered /readyz 200 after the leader's log replaced entries its state had applied (its state skipped the new ones)", s.l)
 		}
 		if ctx.Err() != nil {
@@ -525,14 +550,14 @@ func TestConflictAtAppliedIndexRefused(t *testing.T) {
 	}
 	// Its state opened at its checkpoint (it was killed) and applies
 	// nothing from the conflicting leader: at most where it was.
-	if got := mustCluster(t, s.l).AppliedIndex; got > s.applied {
+	if got := groupApplied(t, s.l, s.g); got > s.applied {
 		t.Errorf("%s applied index %d, past its own %d: it applied the conflicting leader's entries", s.l, got, s.applied)
 	}
 	m, err := s.l.Do(ctxFor(t, 5*time.Second), "GET", "/metrics", nil, nil)
-	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\"default\"} 1\n") {
+	if err != nil || !strings.Contains(string(m.Body), "\nmqd_raft_vote_restricted{raft_group=\""+s.g+"\"} 1\n") {
 		t.Errorf("%s /metrics does not say mqd_raft_vote_restricted 1 (err %v)", s.l, err)
 	}
-	if b := mustRead(t, filepath.Join(s.l.DataDir(), "lost-entries")); !strings.Contains(string(b), `"diverged":true`) {
+	if b := mustRead(t, filepath.Join(groupDir(s.l, s.g), "lost-entries")); !strings.Contains(string(b), `"diverged":true`) {
 		t.Errorf("%s lost-entries: %s", s.l, b)
 	}
 	if _, err := publishRetry(ctxFor(t, 30*time.Second), []*tc.Node{leader}, lostTopic, "still-serving"); err != nil {

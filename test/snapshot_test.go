@@ -15,7 +15,9 @@ import (
 // With frequent snapshots and short trailing logs, a follower whose data dir
 // is wiped rejoins, catches up (from a snapshot, since the leader's log no
 // longer starts at 1) and then serves every message. Once per raft log
-// store, so that both stay tested.
+// store, so that both stay tested; and with data groups, where the topic's
+// group (its own snapshots under groups/<id>/) is what the follower
+// catches up.
 func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 	t.Parallel()
 	for _, store := range []string{"wal", "bolt"} {
@@ -24,15 +26,25 @@ func TestSnapshotWipedFollowerCatchesUp(t *testing.T) {
 			testSnapshotWipedFollowerCatchesUp(t, store)
 		})
 	}
+	t.Run("data-group", func(t *testing.T) {
+		t.Parallel()
+		testSnapshotWipedFollowerCatchesUp(t, "wal", tc.WithDataGroups())
+	})
 }
 
-func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
-	c := tc.Start(t, 3, tc.WithSnapshot(100, time.Second, 50), tc.WithFlags("--raft-log", store))
+func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string, opts ...tc.Option) {
+	c := tc.Start(t, 3, append(opts, tc.WithSnapshot(100, time.Second, 50), tc.WithFlags("--raft-log", store))...)
 	leader, fs := mustRoles(t, c)
 	ctx := ctxFor(t, 150*time.Second)
 	const topic = "snap"
 	const total = 600
 	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	g := topicGroup(t, leader, topic)
+	if g != "default" { // the roles in the topic's group
+		var f1, f2 *tc.Node
+		leader, f1, f2 = groupRoles(t, c, topic)
+		fs = []*tc.Node{f1, f2}
+	}
 
 	want := map[string]bool{}
 	for i := range total {
@@ -60,21 +72,18 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 
 	// Every node takes a snapshot that covers most of the publishes (more
 	// than 100 entries behind is over the threshold and must be snapshotted).
-	lci, err := leader.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantSnap := lci.AppliedIndex - 100
+	leaderApplied := groupApplied(t, leader, g)
+	wantSnap := leaderApplied - 100
 	snapCtx := ctxFor(t, 30*time.Second)
 	for _, n := range c.Nodes() {
 		for {
-			ci, err := n.Cluster(snapCtx)
-			if err == nil && ci.LastSnapshotIndex > 0 && ci.LastSnapshotIndex >= wantSnap {
+			idx := groupSnapshot(snapCtx, t, n, g)
+			if idx > 0 && idx >= wantSnap {
 				break
 			}
 			if snapCtx.Err() != nil {
-				t.Fatalf("node %s: no snapshot at index >= %d within 30 s of %d publishes (applied index %d) with --snapshot-threshold 100 --snapshot-interval 1s: %+v %v",
-					n, wantSnap, total, lci.AppliedIndex, ci, err)
+				t.Fatalf("node %s: no snapshot of raft group %s at index >= %d within 30 s of %d publishes (applied index %d) with --snapshot-threshold 100 --snapshot-interval 1s: at %d",
+					n, g, wantSnap, total, leaderApplied, idx)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -87,25 +96,24 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 	if err := f.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("wiped follower %s not ready: %v", f, err)
 	}
-	lci, err = leader.Cluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fci tc.ClusterInfo
+	leaderApplied = groupApplied(t, leader, g)
+	var fApplied float64
+	var held bool
 	catch := ctxFor(t, 60*time.Second)
 	for {
-		fci, err = f.Cluster(catch)
-		if err == nil && fci.AppliedIndex >= lci.AppliedIndex {
+		fApplied, held = groupFigure(catch, t, f, "mqd_raft_applied_index", g)
+		if held && uint64(fApplied) >= leaderApplied {
 			break
 		}
 		if catch.Err() != nil {
-			t.Fatalf("wiped follower %s: applied_index %d never reached the leader's %d (%v)", f, fci.AppliedIndex, lci.AppliedIndex, err)
+			t.Fatalf("wiped follower %s: applied index %.0f of raft group %s (held %v) never reached the leader's %d", f, fApplied, g, held, leaderApplied)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("leader %s: applied %d, last snapshot %d; wiped follower %s: applied %d, last snapshot %d",
-		leader, lci.AppliedIndex, lci.LastSnapshotIndex, f, fci.AppliedIndex, fci.LastSnapshotIndex)
-	if fci.LastSnapshotIndex == 0 {
+	fSnap := groupSnapshot(ctx, t, f, g)
+	t.Logf("leader %s: applied %d, last snapshot %d; wiped follower %s: applied %.0f, last snapshot %d (raft group %s)",
+		leader, leaderApplied, groupSnapshot(ctx, t, leader, g), f, fApplied, fSnap, g)
+	if fSnap == 0 {
 		t.Errorf("wiped follower %s caught up without a snapshot (last_snapshot_index 0): the leader served compacted log entries", f)
 	}
 
@@ -132,13 +140,19 @@ func testSnapshotWipedFollowerCatchesUp(t *testing.T, store string) {
 // snapshot (it copies the whole state): the log since the last one must
 // also hold at least half the state's size. Small publishes past the entry threshold
 // leave the snapshot where it is; as many bytes as half the state move it.
+// With data groups the same holds for the topic's group.
 func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(50, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotWaitsForLogBytes)
+}
+
+func snapshotWaitsForLogBytes(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(50, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-bytes"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	// 7000 bytes: one message to an 8 KiB page (a value just over 8 KiB
 	// would take two, and make the state twice the payload).
 	const value = 7000
@@ -151,12 +165,8 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		t.Helper()
 		last, since := uint64(0), time.Now()
 		for time.Since(since) < time.Second {
-			ci, err := n.Cluster(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ci.LastSnapshotIndex != last {
-				last, since = ci.LastSnapshotIndex, time.Now()
+			if idx := groupSnapshot(ctx, t, n, g); idx != last {
+				last, since = idx, time.Now()
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -182,9 +192,8 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 		publishMiB(8)
 		deadline := time.Now().Add(time.Second) // five checks
 		for {
-			ci, err := n.Cluster(ctx)
-			if err == nil && ci.LastSnapshotIndex > s1 {
-				t.Logf("snapshot moved from %d to %d after %d MiB more of log", s1, ci.LastSnapshotIndex, total)
+			if idx := groupSnapshot(ctx, t, n, g); idx > s1 {
+				t.Logf("snapshot moved from %d to %d after %d MiB more of log", s1, idx, total)
 				return
 			}
 			if time.Now().After(deadline) {
@@ -202,25 +211,30 @@ func TestSnapshotWaitsForLogBytesWhenStateIsLarge(t *testing.T) {
 // entries, and counting entries (here --snapshot-threshold 1000000) would
 // never snapshot, so the log, and what a restart reads back, would grow
 // without bound.
+// With data groups the same holds for the topic's group.
 func TestSnapshotOnLogBytesBelowEntryThreshold(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotOnLogBytes)
+}
+
+func snapshotOnLogBytes(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-large-entries"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	// 24 MiB in 30 entries of 800 KiB: the state passes 4 MiB after a few,
 	// and the log then holds more than half of it.
 	publishBatches(ctx, t, n, topic, 30, 8<<10)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		ci, err := n.Cluster(ctx)
-		if err == nil && ci.LastSnapshotIndex > 0 {
-			t.Logf("snapshot at index %d of %d", ci.LastSnapshotIndex, ci.AppliedIndex)
+		if idx := groupSnapshot(ctx, t, n, g); idx > 0 {
+			t.Logf("snapshot at index %d of %d", idx, groupApplied(t, n, g))
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000): %+v %v", ci.AppliedIndex, ci, err)
+			t.Fatalf("no snapshot of raft group %s 20 s after 24 MiB of log in %d entries (--snapshot-threshold 1000000)", g, groupApplied(t, n, g))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -256,16 +270,22 @@ func publishBatches(ctx context.Context, t *testing.T, n *tc.Node, topic string,
 // mqd_raft_log_bytes_since_snapshot shows it again. So a node that
 // restarts more often than it writes half its state's size of log still
 // snapshots (it used to start counting from zero, and its log to grow).
+// With data groups the same holds for the topic's group.
 func TestSnapshotLogBytesSurviveRestart(t *testing.T) {
 	t.Parallel()
-	c := tc.Start(t, 1, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))
+	groupVariants(t, snapshotLogBytesSurviveRestart)
+}
+
+func snapshotLogBytesSurviveRestart(t *testing.T, opts ...tc.Option) {
+	c := tc.Start(t, 1, append(opts, tc.WithSnapshot(1000000, 200*time.Millisecond, 50))...)
 	n := c.Nodes()[0]
 	ctx := ctxFor(t, 120*time.Second)
 	const topic = "snap-restart"
 	mustTopic(t, n, topic, nil)
+	g := topicGroup(t, n, topic)
 	since := func() float64 {
 		t.Helper()
-		v, ok := metricValue(scrape(ctx, t, n), "mqd_raft_log_bytes_since_snapshot", nil)
+		v, ok := groupFigure(ctx, t, n, "mqd_raft_log_bytes_since_snapshot", g)
 		if !ok {
 			t.Fatal("no mqd_raft_log_bytes_since_snapshot on /metrics")
 		}
@@ -293,19 +313,18 @@ func TestSnapshotLogBytesSurviveRestart(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if ci, err := n.Cluster(ctx); err != nil || ci.LastSnapshotIndex != 0 {
-		t.Fatalf("a snapshot before 2 MiB of log: %+v %v", ci, err)
+	if idx := groupSnapshot(ctx, t, n, g); idx != 0 {
+		t.Fatalf("a snapshot at %d before 2 MiB of log", idx)
 	}
 	// 0.8 MiB more: 2.4 MiB since the start, and a snapshot follows.
 	publishBatches(ctx, t, n, topic, 1, 8<<10)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		ci, err := n.Cluster(ctx)
-		if err == nil && ci.LastSnapshotIndex > 0 {
+		if groupSnapshot(ctx, t, n, g) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot 20 s after 2.4 MiB of log across a restart (%.0f bytes since by the gauge): %+v %v", since(), ci, err)
+			t.Fatalf("no snapshot of raft group %s 20 s after 2.4 MiB of log across a restart (%.0f bytes since by the gauge)", g, since())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,14 +124,36 @@ func TestTLSCluster(t *testing.T) {
 // TestTLSForeignCA: certificates of another CA open nothing: no HTTPS
 // handshake with a foreign client certificate, no join without one, no raft
 // connection; a member restarted with a foreign certificate receives no
-// more log entries until it has the cluster's again.
+// more log entries until it has the cluster's again. With data groups the
+// topic's group's raft connections, on the same port, are refused alike,
+// and the member restarted is the group's leader: a forward to it that
+// fails its TLS handshake sent nothing and is sent again once another
+// member leads (it answered 503 "may or may not have taken effect").
 func TestTLSForeignCA(t *testing.T) {
 	t.Parallel()
+	groupVariants(t, tlsForeignCA)
+}
+
+func tlsForeignCA(t *testing.T, opts ...tc.Option) {
 	ca, other := tc.NewCA(t, "cluster-ca"), tc.NewCA(t, "other-ca")
-	c := tc.Start(t, 3, tc.WithTLS(ca))
+	c := tc.Start(t, 3, append(opts, tc.WithTLS(ca))...)
 	l, fs := mustRoles(t, c)
 	mustTopic(t, l, "t", nil)
 	mustPublish(t, l, "t", "before", nil)
+	g := topicGroup(t, l, "t")
+	if g != "default" {
+		// The member restarted with a foreign certificate is the topic's
+		// group's leader: the others go on forwarding to it until they
+		// learn it no longer leads.
+		gl, _ := placedRoles(t, c, "t")
+		var others []*tc.Node
+		for _, n := range c.Nodes() {
+			if n != gl {
+				others = append(others, n)
+			}
+		}
+		l, fs = others[0], []*tc.Node{gl, others[1]}
+	}
 
 	// HTTPS with a client certificate of the other CA: the handshake fails.
 	foreign := other.KeyPair("rogue")
@@ -196,8 +219,31 @@ func TestTLSForeignCA(t *testing.T) {
 	if err := r.JSON(&got); err != nil {
 		t.Fatal(err)
 	}
-	if got.AppliedIndex >= want.AppliedIndex {
+	if got.AppliedIndex >= want.AppliedIndex && g == "default" {
 		t.Fatalf("node with a foreign certificate applied %d, the leader %d: it received the log", got.AppliedIndex, want.AppliedIndex)
+	}
+	if g != "default" { // the publishes went to the topic's data group
+		r, err := fview.Do(ctxFor(t, 10*time.Second), "GET", f.URL()+"/metrics", nil, nil)
+		if err != nil {
+			t.Fatalf("foreign node's own metrics: %v", err)
+		}
+		prefix := `mqd_raft_applied_index{raft_group="` + g + `"} `
+		fa := -1.0
+		for _, line := range strings.Split(string(r.Body), "\n") {
+			if v, ok := strings.CutPrefix(line, prefix); ok {
+				fa, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if fa < 0 {
+			t.Fatalf("node with a foreign certificate reports no replica of data group %s", g)
+		}
+		var most uint64
+		for _, n := range []*tc.Node{l, fs[1]} {
+			most = max(most, groupApplied(t, n, g))
+		}
+		if uint64(fa) >= most {
+			t.Fatalf("node with a foreign certificate applied %.0f in data group %s, the others up to %d: it received the log", fa, g, most)
+		}
 	}
 	b, _ := os.ReadFile(f.LogPath())
 	if !strings.Contains(string(b), "certificate") {
