@@ -225,13 +225,7 @@ func OpenGroup(cfg GroupConfig) (*Group, error) {
 		cfg.Transport.Close()
 		return nil, err
 	}
-	logger := cfg.Logger
-	if cfg.ID != DefaultGroup {
-		// Which group a line is about: a node holds several (the
-		// default group's lines stay as they were).
-		logger = logger.With("raft_group", cfg.ID)
-	}
-	g := &Group{cfg: cfg, logger: logger, metrics: newGroupMetrics(cfg.ID), release: release}
+	g := &Group{cfg: cfg, logger: cfg.Logger, metrics: newGroupMetrics(cfg.ID), release: release}
 	if err := g.open(); err != nil {
 		cfg.Transport.Close()
 		g.closeStores()
