@@ -9,7 +9,11 @@
 // (follower 1: the node the publishes go to when via=follower), other_us/msg
 // (follower 2), and cluster_us/msg, their sum; leader_B/msg and entry_B/msg
 // are the bytes the leader and follower 1 allocated per message
-// (go_memstats_alloc_bytes_total from /metrics).
+// (go_memstats_alloc_bytes_total from /metrics); cmds/append is the leader's
+// commands per group commit (mqd_batch_commands sum over count), append_ms
+// the mean time of one in raft (mqd_batch_raft_seconds), queue_ms a
+// command's mean wait for its entry to close (mqd_batch_queue_seconds), and
+// cmds/fwd the entry follower's commands per coalesced forward (0: none).
 
 package bench
 
@@ -53,11 +57,13 @@ func BenchmarkPublishCPU(b *testing.B) {
 				return 1, err
 			}
 			before, allocBefore := nodesCPU(b, nodes), nodesAllocated(b, nodes)
+			batchBefore, fwdBefore := nodeMetrics(b, s.leader, batchSeries...), nodeMetrics(b, fs[0], coalescedSeries...)
 			prof := profileNodes(b, map[string]*tc.Node{"leader": nodes[0], "entry": nodes[1], "other": nodes[2]})
 			b.ResetTimer()
 			n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
 			b.StopTimer()
 			after, allocAfter := nodesCPU(b, nodes), nodesAllocated(b, nodes)
+			batchAfter, fwdAfter := nodeMetrics(b, s.leader, batchSeries...), nodeMetrics(b, fs[0], coalescedSeries...)
 			prof()
 			if err != nil {
 				b.Fatal(err)
@@ -67,10 +73,31 @@ func BenchmarkPublishCPU(b *testing.B) {
 				{per(0), "leader_us/msg"}, {per(1), "entry_us/msg"}, {per(2), "other_us/msg"},
 				{per(0) + per(1) + per(2), "cluster_us/msg"},
 				{(allocAfter[0] - allocBefore[0]) / float64(n), "leader_B/msg"},
-				{(allocAfter[1] - allocBefore[1]) / float64(n), "entry_B/msg"}}
+				{(allocAfter[1] - allocBefore[1]) / float64(n), "entry_B/msg"},
+				{ratio(batchAfter[0]-batchBefore[0], batchAfter[1]-batchBefore[1]), "cmds/append"},
+				{1000 * ratio(batchAfter[2]-batchBefore[2], batchAfter[1]-batchBefore[1]), "append_ms"},
+				{1000 * ratio(batchAfter[3]-batchBefore[3], batchAfter[0]-batchBefore[0]), "queue_ms"},
+				{ratio(fwdAfter[0]-fwdBefore[0], fwdAfter[1]-fwdBefore[1]), "cmds/fwd"}}
 			report(b, append(ms, latencyMetrics("", lat)...))
 		})
 	}
+}
+
+// batchSeries are the leader's group commit figures: commands proposed and
+// raft appends (every raft group's); coalescedSeries the entry follower's
+// coalesced forwards: commands sent and internal requests (none: 0).
+var (
+	batchSeries = []string{"mqd_batch_commands_sum", "mqd_batch_commands_count",
+		"mqd_batch_raft_seconds_sum", "mqd_batch_queue_seconds_sum"}
+	coalescedSeries = []string{"?mqd_forward_coalesced_commands_total", "?mqd_forward_coalesced_requests_total"}
+)
+
+// ratio is a/b, 0 when b is.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 var flagProfile = flag.String("bench.cpuprofile", "",
@@ -115,26 +142,44 @@ func nodesAllocated(b *testing.B, nodes []*tc.Node) []float64 {
 	b.Helper()
 	out := make([]float64, len(nodes))
 	for i, n := range nodes {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
-		cancel()
-		if err == nil {
-			err = r.Expect(http.StatusOK)
-		}
-		if err != nil {
-			b.Fatalf("%s: %v", n, err)
-		}
+		out[i] = nodeMetrics(b, n, "go_memstats_alloc_bytes_total")[0]
+	}
+	return out
+}
+
+// nodeMetrics reads the sums, over every label set, of the named series
+// from n's GET /metrics, in the order of names; a name with no series
+// ends the benchmark unless it is marked optional by a leading '?' (then 0).
+func nodeMetrics(b *testing.B, n *tc.Node, names ...string) []float64 {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
+	cancel()
+	if err == nil {
+		err = r.Expect(http.StatusOK)
+	}
+	if err != nil {
+		b.Fatalf("%s: %v", n, err)
+	}
+	out := make([]float64, len(names))
+	for i, name := range names {
+		name, optional := strings.CutPrefix(name, "?")
 		found := false
 		for _, line := range strings.Split(string(r.Body), "\n") {
-			if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
-				if out[i], err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
-					b.Fatalf("%s: %q: %v", n, line, err)
-				}
-				found = true
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok || (rest[0] != ' ' && rest[0] != '{') {
+				continue
 			}
+			v := rest[strings.LastIndexByte(rest, ' ')+1:]
+			x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				b.Fatalf("%s: %q: %v", n, line, err)
+			}
+			out[i] += x
+			found = true
 		}
-		if !found {
-			b.Fatalf("%s: no go_memstats_alloc_bytes_total in /metrics", n)
+		if !found && !optional {
+			b.Fatalf("%s: no %s in /metrics", n, name)
 		}
 	}
 	return out
