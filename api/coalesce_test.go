@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +45,14 @@ func (n *fsmLeader) ApplyBatched(_ context.Context, c *command.Command) (*fsm.Re
 	return res, res.Err
 }
 
+func (n *fsmLeader) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	res, errs := make([]*fsm.Result, len(cs)), make([]error, len(cs))
+	for i, c := range cs {
+		res[i], errs[i] = n.ApplyBatched(ctxs[i], c)
+	}
+	return res, errs
+}
+
 // follower is a Node that follows the leader at addr.
 type follower struct {
 	leaderNode
@@ -74,9 +83,14 @@ func openTopicFSM(t testing.TB) *fsm.FSM {
 // coalescePair is a leader's server on 127.0.0.1 and a follower's server
 // (in-process: handle is called directly) that forwards to it.
 func coalescePair(t *testing.T, opts Options) (leader, fol *Server, lf *fsmLeader) {
+	return coalescePairOn(t, opts, func(lf *fsmLeader) Node { return lf })
+}
+
+// coalescePairOn is coalescePair with the leader's node wrapped by node.
+func coalescePairOn(t *testing.T, opts Options, node func(*fsmLeader) Node) (leader, fol *Server, lf *fsmLeader) {
 	t.Helper()
 	lf = &fsmLeader{f: openTopicFSM(t), index: 1}
-	leader = newServer(lf, lf.f, slog.New(slog.DiscardHandler), opts)
+	leader = newServer(node(lf), lf.f, slog.New(slog.DiscardHandler), opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +193,79 @@ func TestCoalescedPublishThroughFollower(t *testing.T) {
 		t.Errorf("sequence gap through the follower: %d %s (expected %q); from the leader: %d %s (expected %q)",
 			ctx.Response.StatusCode(), ctx.Response.Body(), ctx.Response.Header.Peek("Mq-Expected-Seq"),
 			direct.Response.StatusCode(), direct.Response.Body(), direct.Response.Header.Peek("Mq-Expected-Seq"))
+	}
+}
+
+// gatedLeader holds every group of commands with a key starting "slow"
+// until gate is closed.
+type gatedLeader struct {
+	*fsmLeader
+	gate chan struct{}
+	held atomic.Int32 // commands held now
+}
+
+func (n *gatedLeader) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	n.hold(cs...)
+	return n.fsmLeader.ApplyBatchedAll(ctxs, cs)
+}
+
+func (n *gatedLeader) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
+	n.hold(c)
+	return n.fsmLeader.ApplyBatched(ctx, c)
+}
+
+func (n *gatedLeader) hold(cs ...*command.Command) {
+	for _, c := range cs {
+		if strings.HasPrefix(c.Msgs[0].Msg.IdempotencyKey, "slow") {
+			n.held.Add(int32(len(cs)))
+			<-n.gate
+			n.held.Add(-int32(len(cs)))
+			return
+		}
+	}
+}
+
+// A follower does not hold a command back for the answers to earlier ones:
+// with many commands waiting for their commit on the leader, the next one
+// is sent and answered as soon as it commits.
+func TestCoalescedCommandNotHeldBehindOthers(t *testing.T) {
+	var gl *gatedLeader
+	_, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
+		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
+		return gl
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gl.gate) }) }
+	t.Cleanup(release) // before the servers stop: they wait for their requests
+	const slow = 8
+	var wg sync.WaitGroup
+	codes := make([]int, slow)
+	for i := range slow {
+		wg.Add(1)
+		go func() { defer wg.Done(); codes[i], _ = publishVia(fol, "", fmt.Sprintf("slow%d", i)) }()
+		// One at a time, so that each is a group of its own on the leader.
+		for deadline := time.Now().Add(5 * time.Second); gl.held.Load() < int32(i+1); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the leader holds %d slow commands, want %d", gl.held.Load(), i+1)
+			}
+		}
+	}
+	done := make(chan int, 1)
+	go func() { code, _ := publishVia(fol, "", "fast"); done <- code }()
+	select {
+	case code := <-done:
+		if code != 201 {
+			t.Errorf("fast publish: %d, want 201", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("a publish waited behind %d others that wait for their commit", slow)
+	}
+	release()
+	wg.Wait()
+	for i, c := range codes {
+		if c != 201 {
+			t.Errorf("slow publish %d: %d, want 201", i, c)
+		}
 	}
 }
 
@@ -319,8 +406,11 @@ func TestCoalescedFallsBackToHTTP(t *testing.T) {
 	if got := counterValue(old.metrics.requests.WithLabelValues(publishPattern, "201")); got != 3 {
 		t.Errorf("old leader answered %v publish requests, want 3", got)
 	}
-	if got := counterValue(fol.metrics.fwdRequests); got != 1 {
-		t.Errorf("follower tried %v internal requests, want 1 (then HTTP for a while)", got)
+	if got := counterValue(old.metrics.requests.WithLabelValues("unmatched", "404")); got != 1 {
+		t.Errorf("follower asked the old leader for %v streams, want 1 (then HTTP for a while)", got)
+	}
+	if got := counterValue(fol.metrics.fwdCommands); got != 0 {
+		t.Errorf("follower sent %v commands coalesced, want 0", got)
 	}
 	if lf.index != 4 {
 		t.Errorf("leader applied %d, want 3", lf.index-1)

@@ -96,7 +96,8 @@ type core struct {
 	logger     *slog.Logger
 	srv        *fasthttp.Server
 	fwd        *fasthttp.Client
-	coal       coalescer // coalesced forwarding (coalesce.go)
+	coal       coalescer     // coalesced forwarding, a follower's (coalesce.go)
+	streams    leaderStreams // coalesced forwarding, the followers' streams a leader serves (fwdstream.go)
 	waiters    *waiters
 	metrics    *metrics
 	router     *router
@@ -192,6 +193,7 @@ func (s *Server) LimitListener(ln net.Listener) net.Listener { return s.conns.wr
 // Shutdown stops accepting and waits for in-flight requests (or ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.waiters.closeAll()
+	s.streams.stop(ctx.Done())
 	return s.srv.ShutdownWithContext(ctx)
 }
 
@@ -318,7 +320,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			continue
 		}
-		if r.def.Coalesce && s.opts.CoalesceForward && s.group == "" && !fallback {
+		if r.def.Coalesce && s.opts.CoalesceForward && !fallback {
 			err := s.viaCoalesced(ctx, r)
 			switch {
 			case errors.Is(err, errCoalesceFallback):
