@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -370,50 +371,102 @@ func TestForwardedCommandsCheckedOnLeader(t *testing.T) {
 	}
 }
 
-// A leader that does not have the internal route (an older release)
-// gets the HTTP request itself, and later ones too for a while.
+// A leader that does not take streams gets the HTTP request itself, and
+// later ones too for a while: an older release without the internal
+// route (404), or the release whose internal requests carried a batch in
+// their body (400 for the stream request's empty body).
 func TestCoalescedFallsBackToHTTP(t *testing.T) {
-	lf := &fsmLeader{f: openTopicFSM(t), index: 1}
-	old := newServer(lf, lf.f, slog.New(slog.DiscardHandler), Options{})
-	table := old.routes()
-	for i := range table {
-		if table[i].Pattern == forwardPattern {
-			table = append(table[:i], table[i+1:]...)
-			break
-		}
+	for _, tc := range []struct {
+		name   string
+		route  func(table []Route, i int) []Route
+		series [2]string // the stream request's route and status on the old leader
+	}{
+		{"no route", func(table []Route, i int) []Route { return append(table[:i], table[i+1:]...) }, [2]string{"unmatched", "404"}},
+		{"batches only", func(table []Route, i int) []Route {
+			table[i].handler = func(ctx *fasthttp.RequestCtx, _ *route) error {
+				_, err := decodeFrames(ctx.PostBody())
+				return err
+			}
+			return table
+		}, [2]string{forwardPattern, "400"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lf := &fsmLeader{f: openTopicFSM(t), index: 1}
+			old := newServer(lf, lf.f, slog.New(slog.DiscardHandler), Options{})
+			table := old.routes()
+			table = tc.route(table, slices.IndexFunc(table, func(r Route) bool { return r.Pattern == forwardPattern }))
+			rt, err := newRouter(table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.router = rt
+			addr := serveOn(t, old)
+			fol := newServer(follower{addr: addr}, openTopicFSM(t), slog.New(slog.DiscardHandler), Options{CoalesceForward: true})
+			for i := 0; i < 3; i++ {
+				if code, body := publishVia(fol, "", fmt.Sprintf("k%d", i)); code != 201 {
+					t.Fatalf("publish %d through the follower: %d %s", i, code, body)
+				}
+			}
+			if got := counterValue(old.metrics.requests.WithLabelValues(publishPattern, "201")); got != 3 {
+				t.Errorf("old leader answered %v publish requests, want 3", got)
+			}
+			if got := counterValue(old.metrics.requests.WithLabelValues(tc.series[0], tc.series[1])); got != 1 {
+				t.Errorf("follower asked the old leader for %v streams, want 1 (then HTTP for a while)", got)
+			}
+			if got := counterValue(fol.metrics.fwdCommands); got != 0 {
+				t.Errorf("follower sent %v commands coalesced, want 0", got)
+			}
+			if lf.index != 4 {
+				t.Errorf("leader applied %d, want 3", lf.index-1)
+			}
+		})
 	}
-	rt, err := newRouter(table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old.router = rt
+}
+
+// serveOn serves s on a port of 127.0.0.1 until the test ends; it answers
+// the address.
+func serveOn(t *testing.T, s *Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- old.Serve(ln) }()
-	defer func() {
-		_ = old.Shutdown(context.Background())
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = s.Shutdown(context.Background())
 		<-done
-	}()
-	fol := newServer(follower{addr: ln.Addr().String()}, openTopicFSM(t), slog.New(slog.DiscardHandler), Options{CoalesceForward: true})
-	for i := 0; i < 3; i++ {
-		if code, body := publishVia(fol, "", fmt.Sprintf("k%d", i)); code != 201 {
-			t.Fatalf("publish %d through the follower: %d %s", i, code, body)
+	})
+	return ln.Addr().String()
+}
+
+// A leader that stops answers what it read from its streams before it
+// closes them.
+func TestStoppingLeaderAnswersItsStream(t *testing.T) {
+	var gl *gatedLeader
+	leader, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
+		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
+		return gl
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gl.gate) }) }
+	t.Cleanup(release)
+	got := make(chan int, 1)
+	go func() { code, _ := publishVia(fol, "", "slow1"); got <- code }()
+	for deadline := time.Now().Add(5 * time.Second); gl.held.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never read the command")
 		}
 	}
-	if got := counterValue(old.metrics.requests.WithLabelValues(publishPattern, "201")); got != 3 {
-		t.Errorf("old leader answered %v publish requests, want 3", got)
+	stopped := make(chan error, 1)
+	go func() { stopped <- leader.Shutdown(context.Background()) }()
+	time.Sleep(50 * time.Millisecond) // the stop has begun: it waits for the answer
+	release()
+	if code := <-got; code != 201 {
+		t.Errorf("publish read before the stop: %d, want 201", code)
 	}
-	if got := counterValue(old.metrics.requests.WithLabelValues("unmatched", "404")); got != 1 {
-		t.Errorf("follower asked the old leader for %v streams, want 1 (then HTTP for a while)", got)
-	}
-	if got := counterValue(fol.metrics.fwdCommands); got != 0 {
-		t.Errorf("follower sent %v commands coalesced, want 0", got)
-	}
-	if lf.index != 4 {
-		t.Errorf("leader applied %d, want 3", lf.index-1)
+	if err := <-stopped; err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
 
