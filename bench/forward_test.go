@@ -5,9 +5,10 @@
 //
 // b.N is the number of messages (1 KiB, a unique Idempotency-Key each, 64
 // publishers). Each node's CPU (user + system, /proc/PID/stat, 10 ms ticks)
-// over the timed part is divided by the messages: leader_us/msg, entry_us/msg
-// (follower 1: the node the publishes go to when via=follower), other_us/msg
-// (follower 2), and cluster_us/msg, their sum; leader_B/msg and entry_B/msg
+// over the timed part is divided by the messages: leader_us/msg (the leader
+// of the topic's raft group: with --data-groups, that data group's),
+// entry_us/msg (follower 1: the node the publishes go to when
+// via=follower), other_us/msg (follower 2), and cluster_us/msg, their sum; leader_B/msg and entry_B/msg
 // are the bytes the leader and follower 1 allocated per message
 // (go_memstats_alloc_bytes_total from /metrics); cmds/append is the leader's
 // commands per group commit (mqd_batch_commands sum over count), append_ms
@@ -35,20 +36,16 @@ import (
 
 func BenchmarkPublishCPU(b *testing.B) {
 	s := startSystem(b, 3)
-	fs, err := s.c.Followers(context.Background())
-	if err != nil || len(fs) != 2 {
-		b.Fatalf("followers: %v %v", fs, err)
-	}
-	nodes := []*tc.Node{s.leader, fs[0], fs[1]}
 	body := payload(payloadSize)
 	const publishers = 64
 	for _, via := range []string{"leader", "follower"} {
 		b.Run(fmt.Sprintf("via=%s/publishers=%d", via, publishers), func(b *testing.B) {
-			entry := s.leader
-			if via == "follower" {
-				entry = fs[0]
-			}
 			topic := s.topic(b, "cpu-"+via, nil)
+			nodes := s.topicRoles(b, topic)
+			entry := nodes[0]
+			if via == "follower" {
+				entry = nodes[1]
+			}
 			url := entry.URL() + "/v1/topics/" + topic + "/messages"
 			nonce := keyNonce.Add(1)
 			op := func(_ int, i int64) (int, error) {
@@ -57,13 +54,13 @@ func BenchmarkPublishCPU(b *testing.B) {
 				return 1, err
 			}
 			before, allocBefore := nodesCPU(b, nodes), nodesAllocated(b, nodes)
-			batchBefore, fwdBefore := nodeMetrics(b, s.leader, batchSeries...), nodeMetrics(b, fs[0], coalescedSeries...)
+			batchBefore, fwdBefore := nodeMetrics(b, nodes[0], batchSeries...), nodeMetrics(b, nodes[1], coalescedSeries...)
 			prof := profileNodes(b, map[string]*tc.Node{"leader": nodes[0], "entry": nodes[1], "other": nodes[2]})
 			b.ResetTimer()
 			n, lat, elapsed, err := driver{workers: publishers, next: untilN(b.N)}.run(op)
 			b.StopTimer()
 			after, allocAfter := nodesCPU(b, nodes), nodesAllocated(b, nodes)
-			batchAfter, fwdAfter := nodeMetrics(b, s.leader, batchSeries...), nodeMetrics(b, fs[0], coalescedSeries...)
+			batchAfter, fwdAfter := nodeMetrics(b, nodes[0], batchSeries...), nodeMetrics(b, nodes[1], coalescedSeries...)
 			prof()
 			if err != nil {
 				b.Fatal(err)
@@ -98,6 +95,54 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// topicRoles are the leader of topic's raft group, then the two other
+// nodes: the metadata leader and its followers for a topic of the default
+// group; for a topic placed in a data group (--data-groups), whose leader
+// may be another node, that group's leader once it is the group's
+// preferred one (its first replica), to which the group is handed soon
+// after its creation.
+func (s *system) topicRoles(b *testing.B, topic string) []*tc.Node {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for {
+		var got struct {
+			Placement struct {
+				Group, Leader string
+				Replicas      []string
+			}
+		}
+		r, err := s.leader.Do(ctx, http.MethodGet, "/v1/topics/"+topic, nil, nil)
+		if err == nil {
+			err = r.Expect(http.StatusOK)
+		}
+		if err == nil {
+			err = r.JSON(&got)
+		}
+		p := got.Placement
+		switch {
+		case err == nil && p.Group == "":
+			fs, err := s.c.Followers(ctx)
+			if err != nil || len(fs) != 2 {
+				b.Fatalf("followers: %v %v", fs, err)
+			}
+			return []*tc.Node{s.leader, fs[0], fs[1]}
+		case err == nil && p.Leader != "" && len(p.Replicas) == 3 && p.Leader == p.Replicas[0]:
+			out := []*tc.Node{s.c.NodeByID(p.Leader)}
+			for _, n := range s.c.Nodes() {
+				if n.ID() != p.Leader {
+					out = append(out, n)
+				}
+			}
+			return out
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("topic %s: placement %+v (%v), want a group led by its first replica", topic, p, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 var flagProfile = flag.String("bench.cpuprofile", "",
