@@ -282,15 +282,17 @@ func (st *fwdStream) end(err error) {
 	if len(calls) > 0 && !errors.Is(err, errCoalesceFallback) {
 		st.c.s.logger.Warn("coalesced forward stream to leader ended", "leader", st.addr, "commands", len(calls), "err", err)
 	}
+	// The answers name no library error (they reach the clients): the
+	// log has it.
 	for id, f := range calls {
 		switch {
 		case id <= written:
-			f.err = errorf(ErrUnavailable, "the connection to the leader %s ended (%v): the request may or may not have taken effect; "+
-				"retry it (a publish with the same Idempotency-Key is stored once)", st.addr, err)
+			f.err = errorf(ErrUnavailable, "the leader %s did not answer (connection lost): the request may or may not have taken effect; "+
+				"retry it (a publish with the same Idempotency-Key is stored once)", st.addr)
 		case errors.Is(err, errCoalesceFallback):
 			f.err = errCoalesceFallback
 		default:
-			f.err = fmt.Errorf("%w: %s: %v", errLeaderUnreachable, st.addr, err)
+			f.err = fmt.Errorf("%w: %s", errLeaderUnreachable, st.addr)
 		}
 		close(f.done)
 	}
