@@ -58,7 +58,7 @@ const (
 	// coalesceMaxCommand: a command larger than this is forwarded as its
 	// HTTP request (it is its own batch already).
 	coalesceMaxCommand = 1 << 20
-	// legacyFor is how long a leader that refused the internal route is
+	// legacyFor is how long a leader that refused a stream is
 	// sent HTTP forwards before it is tried again.
 	legacyFor = time.Minute
 	// forwardCodec versions the internal request's body (the release
@@ -118,7 +118,7 @@ func (c *coalescer) markLegacy(addr string) {
 
 // call sends cmd to the leader of sv's group (the default group's or a
 // data group's) on its stream and waits for its answer or for ctx.
-func (c *coalescer) call(sv *Server, ctx context.Context, rctx *fasthttp.RequestCtx, r *route, cmd *command.Command) (*fsm.Result, error) {
+func (c *coalescer) call(ctx context.Context, sv *Server, rctx *fasthttp.RequestCtx, r *route, cmd *command.Command) (*fsm.Result, error) {
 	_, addr, ok := sv.node.Leader()
 	if !ok {
 		return nil, fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)

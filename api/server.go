@@ -66,8 +66,8 @@ type Options struct {
 	// coalesced forwards to the leader carry it.
 	NodeToken string
 	// CoalesceForward makes a follower send publishes to the leader
-	// coalesced (--forward-coalesce; coalesce.go). Every node serves the
-	// internal route whatever it is.
+	// coalesced (--forward-coalesce, on by default; coalesce.go). Every
+	// node serves the internal route whatever it is.
 	CoalesceForward bool
 	// DataGroups makes the metadata leader place every new topic in a
 	// data group (--data-groups; views.go) instead of the default group.

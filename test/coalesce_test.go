@@ -11,28 +11,28 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// With --forward-coalesce, publishes through a follower reach the leader
+// With --forward-coalesce (the default), publishes through a follower reach the leader
 // as commands in its internal requests, answered as before: 201 with a
 // place, 200 for a repeated key, 403 for a token without publish (on the
 // follower), and every message stored once (the leader counts them).
 func TestCoalescedForwardThroughFollower(t *testing.T) {
 	t.Parallel()
 	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx, tc.WithFlags("--forward-coalesce"))
+	c := startAuthCluster(t, 3, fx)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
 	mustTopic(t, leader, "orders", nil)
 	coalescedPublishes(ctx, t, fx, followers[0], leader, "orders", 40)
 }
 
-// With --data-groups too, a publish to a data group's topic through a
+// With --data-groups, a publish to a data group's topic through a
 // member of the group that does not lead it goes coalesced to the group's
 // leader (which need not lead the default group), answered and counted as
 // through a follower of the default group.
 func TestCoalescedForwardDataGroup(t *testing.T) {
 	t.Parallel()
 	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx, tc.WithFlags("--forward-coalesce", "--data-groups"))
+	c := startAuthCluster(t, 3, fx, tc.WithFlags("--data-groups"))
 	ctx := ctxFor(t, 90*time.Second)
 	metaLeader, followers := mustRoles(t, c)
 	const tp = "orders-dg"
