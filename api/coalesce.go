@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,41 +21,48 @@ import (
 //
 // A follower runs a publish's handler itself: it parses and validates the
 // request, places its messages and encodes the command as the leader
-// would. Instead of forwarding the HTTP request, it queues the command;
-// at most coalesceSenders requests to the leader are in flight, each
-// carrying every command queued when it left (POST /v1/internal/forward,
-// over the forwarding pool's keep-alive connections). The leader checks
-// each command against its own state, submits it to group commit as it
-// is, and answers each one's result; the follower writes the client's
-// answer. One internal request then carries many clients' publishes: the
-// leader parses no HTTP request and writes no answer per message.
+// would. Instead of forwarding the HTTP request, it writes the command on
+// a stream to the leader of the topic's raft group (the default group's,
+// or a data group's): one connection per leader, taken over from an HTTP
+// request to POST /v1/internal/forward (fwdstream.go). Commands are
+// written as they come, whatever is queued in one write, without waiting
+// for the answers to earlier ones; the leader reads what arrived together,
+// checks each command against its own state, hands them to its group
+// commit together (one batch), and writes each answer as soon as its batch
+// committed; the follower matches answers to commands by id and writes
+// the clients' answers. The leader parses no HTTP request and writes no
+// answer per message, and no command waits on the follower for another's
+// answer.
 //
-// What stays as before: the caller is authorized on the follower, and
-// its token again on the leader for the command's topic; the request id
-// is in both nodes' request logs; each command keeps its own deadline;
-// errors map to the same statuses and codes (the leader sends the
-// catalogue entry and the message); a leader that is not (or no longer)
-// serving answers not-leader for a command it did not propose, which the
-// follower retries through the next leader. Anything the follower cannot
-// decide from its own state (a topic it does not know yet, a message over
-// its max_message_bytes) and any leader that does not take coalesced
-// commands (an older release: 404; a node without --node-token when TLS is
-// off: 401) falls back to forwarding the HTTP request.
+// What stays as with HTTP forwarding: the caller is authorized on the
+// follower, and its token again on the leader for the command's topic; the
+// request id is in both nodes' request logs; each command keeps its own
+// deadline; errors map to the same statuses and codes (the leader sends
+// the catalogue entry and the message); a leader that is not (or no
+// longer) serving the group answers not-leader for a command it did not
+// propose, which the follower retries through the next leader, so a
+// graceful hand-off loses nothing. Anything the follower cannot decide from
+// its own state (a topic it does not know yet, a message over its
+// max_message_bytes) and any leader that does not take the stream (an
+// older release: 404 or 400; a node without --node-token when TLS is off:
+// 401) falls back to forwarding the HTTP request. The leader also still
+// serves the earlier form, a batch of commands in one request's body and
+// their answers in its response, for followers of the release before.
 
 const (
-	// coalesceSenders bounds the internal requests in flight per node:
-	// while they are out, commands accumulate for the next.
-	coalesceSenders = 4
-	// coalesceMaxFrames and coalesceMaxBytes bound one internal request.
+	// coalesceMaxFrames and coalesceMaxBytes bound the commands the
+	// leader checks and proposes together (one internal request's, or
+	// what it read of a stream at once).
 	coalesceMaxFrames = 512
 	coalesceMaxBytes  = 4 << 20
 	// coalesceMaxCommand: a command larger than this is forwarded as its
 	// HTTP request (it is its own batch already).
 	coalesceMaxCommand = 1 << 20
-	// legacyFor is how long a leader that refused the internal route is
+	// legacyFor is how long a leader that refused a stream is
 	// sent HTTP forwards before it is tried again.
 	legacyFor = time.Minute
-	// forwardCodec versions the internal request's body.
+	// forwardCodec versions the internal request's body (the release
+	// before streams).
 	forwardCodec byte = 1
 	// forwardPattern is the internal route's path.
 	forwardPattern = "/v1/internal/forward"
@@ -74,24 +80,24 @@ const (
 )
 
 // fwdCall is one command a follower sends to the leader, and its answer.
+// (The fields before done are the command as the earlier internal
+// request carried it: in-process tests still send those.)
 type fwdCall struct {
-	reqID, token []byte  // the caller's bearer secret, or nil
-	route        string  // the client's route pattern, for the leader's log
-	cmd          []byte  // command.EncodePooled
-	buf          *[]byte // cmd's pooled buffer, given back once sent
+	reqID, token []byte // the caller's bearer secret, or nil
+	route        string // the client's route pattern, for the leader's log
+	cmd          []byte // command.Encode
 	deadline     time.Time
 	done         chan struct{}
 	res          *fsm.Result
 	err          error
 }
 
-// coalescer queues a follower's commands for the leader.
+// coalescer is a follower's streams of commands, one per leader.
 type coalescer struct {
-	s       *Server
+	s       *Server // the node's server: its options, metrics, log
 	mu      sync.Mutex
-	queue   []*fwdCall
-	senders int
-	legacy  map[string]time.Time // leader address → HTTP forwards until
+	streams map[string]*fwdStream // leader address → its stream
+	legacy  map[string]time.Time  // leader address → HTTP forwards until
 }
 
 func (c *coalescer) usable(addr string) bool {
@@ -110,10 +116,10 @@ func (c *coalescer) markLegacy(addr string) {
 	c.mu.Unlock()
 }
 
-// call sends cmd to the leader with the next internal request and waits
-// for its answer or for ctx.
-func (c *coalescer) call(ctx context.Context, rctx *fasthttp.RequestCtx, r *route, cmd *command.Command) (*fsm.Result, error) {
-	_, addr, ok := c.s.node.Leader()
+// call sends cmd to the leader of sv's group (the default group's or a
+// data group's) on its stream and waits for its answer or for ctx.
+func (c *coalescer) call(ctx context.Context, sv *Server, rctx *fasthttp.RequestCtx, r *route, cmd *command.Command) (*fsm.Result, error) {
+	_, addr, ok := sv.node.Leader()
 	if !ok {
 		return nil, fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader)
 	}
@@ -121,25 +127,20 @@ func (c *coalescer) call(ctx context.Context, rctx *fasthttp.RequestCtx, r *rout
 		return nil, errCoalesceFallback
 	}
 	enc, buf := cmd.EncodePooled()
+	defer command.RecycleEnc(buf) // copied into the stream's buffer
 	if len(enc) > coalesceMaxCommand {
 		return nil, errCoalesceFallback
 	}
 	dl, _ := ctx.Deadline()
-	// Copied: a caller whose deadline passes returns while the command may
-	// still be sent, and its request's buffers are reused.
-	f := &fwdCall{reqID: bytes.Clone(rctx.Request.Header.Peek(RequestIDHeader)), route: r.def.Pattern, cmd: enc, buf: buf, deadline: dl,
-		done: make(chan struct{})}
+	f := &fwdCall{route: r.def.Pattern, deadline: dl, done: make(chan struct{})}
+	f.reqID = rctx.Request.Header.Peek(RequestIDHeader) // copied into the stream's buffer
 	if c.s.opts.Auth != nil {
-		tok, _ := auth.BearerToken(rctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-		f.token = bytes.Clone(tok)
+		f.token, _ = auth.BearerToken(rctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
 	}
-	c.mu.Lock()
-	c.queue = append(c.queue, f)
-	if c.senders < coalesceSenders {
-		c.senders++
-		go c.send()
+	for !c.stream(addr).send(f, enc) {
+		// That stream just ended: the next call of stream makes a new one.
 	}
-	c.mu.Unlock()
+	f.reqID, f.token = nil, nil // the request's buffers
 	select {
 	case <-f.done:
 		return f.res, f.err
@@ -150,144 +151,26 @@ func (c *coalescer) call(ctx context.Context, rctx *fasthttp.RequestCtx, r *rout
 	}
 }
 
-// send carries queued commands to the leader until the queue is empty.
-func (c *coalescer) send() {
-	for {
-		c.mu.Lock()
-		n, size := 0, 0
-		for n < len(c.queue) && n < coalesceMaxFrames && (n == 0 || size+len(c.queue[n].cmd) <= coalesceMaxBytes) {
-			size += len(c.queue[n].cmd)
-			n++
-		}
-		if n == 0 {
-			c.senders--
-			c.mu.Unlock()
-			return
-		}
-		batch := make([]*fwdCall, n)
-		copy(batch, c.queue)
-		clear(c.queue[:n])
-		c.queue = c.queue[n:]
-		c.mu.Unlock()
-		c.roundTrip(batch)
-		for _, f := range batch {
-			f.cmd = nil
-			command.RecycleEnc(f.buf) // copied into the request, which is done
-			close(f.done)
-		}
-	}
-}
-
-// roundTrip sends one internal request and sets each call's answer.
-func (c *coalescer) roundTrip(batch []*fwdCall) {
-	fail := func(err error) {
-		for _, f := range batch {
-			f.err = err
-		}
-	}
-	_, addr, ok := c.s.node.Leader()
-	if !ok {
-		fail(fmt.Errorf("%w: leader address unknown", replica.ErrNotLeader))
-		return
-	}
-	now := time.Now()
-	var dl time.Time
-	live := batch[:0:0]
-	for _, f := range batch {
-		if !f.deadline.After(now) {
-			f.err = errorf(ErrUnavailable, "the request's deadline passed before it was sent to the leader: nothing was sent; retry")
-			continue
-		}
-		live = append(live, f)
-		if f.deadline.After(dl) {
-			dl = f.deadline
-		}
-	}
-	if len(live) == 0 {
-		return
-	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(forwardPattern)
-	req.SetHost(addr)
-	req.URI().SetScheme("http")
-	req.Header.SetContentType("application/octet-stream")
-	if c.s.opts.TLS == nil && c.s.opts.NodeToken != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+c.s.opts.NodeToken)
-	}
-	body := frameBufs.Get().(*[]byte)
-	*body = appendFrames((*body)[:0], live, now)
-	defer func() {
-		if cap(*body) <= coalesceMaxBytes {
-			frameBufs.Put(body)
-		}
-	}()
-	req.SetBodyRaw(*body)
-	c.s.metrics.fwdRequests.Inc()
-	c.s.metrics.fwdCommands.Add(float64(len(live)))
-	if err := c.s.fwd.DoDeadline(req, resp, dl); err != nil {
-		c.s.logger.Warn("coalesced forward to leader failed", "leader", addr, "commands", len(live), "err", err)
-		switch {
-		case isDialError(err):
-			fail(fmt.Errorf("%w: %s", errLeaderUnreachable, addr))
-		case errors.Is(err, fasthttp.ErrNoFreeConns):
-			fail(errorf(ErrUnavailable, "every connection to the leader %s stayed busy within the request's deadline: nothing was sent; retry", addr))
-		default:
-			fail(errorf(ErrUnavailable, "the leader %s did not answer (%s): the request may or may not have taken effect; "+
-				"retry it (a publish with the same Idempotency-Key is stored once)", addr, errKind(err)))
-		}
-		return
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		// Refused as a whole before any command was looked at: an older
-		// leader without the route (404), no node credentials (401, 403),
-		// a body it would not take. Forward these as HTTP.
-		c.s.logger.Info("leader does not take coalesced forwards; forwarding HTTP requests to it",
-			"leader", addr, "status", resp.StatusCode(), "for", legacyFor)
-		c.markLegacy(addr)
-		fail(errCoalesceFallback)
-		return
-	}
-	if err := decodeAnswers(resp.Body(), live); err != nil {
-		fail(errorf(ErrUnavailable, "the leader %s answered what this node cannot read (%v): the request may or may not have taken effect; "+
-			"retry it (a publish with the same Idempotency-Key is stored once)", addr, err))
-	}
-}
-
-func errKind(err error) string {
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-		return "timeout"
-	}
-	return "connection lost"
-}
-
-// encodeFrames is the internal request's body: the codec byte, the count,
-// then per command its request id, token, route, remaining time in ms and
-// encoding.
-func encodeFrames(fs []*fwdCall, now time.Time) []byte { return appendFrames(nil, fs, now) }
-
-// frameBufs recycles internal requests' bodies.
-var frameBufs = sync.Pool{New: func() any { return new([]byte) }}
-
-// appendFrames is encodeFrames appended to b.
-func appendFrames(b []byte, fs []*fwdCall, now time.Time) []byte {
-	n := 16
-	for _, f := range fs {
-		n += len(f.cmd) + len(f.reqID) + len(f.token) + len(f.route) + 32
-	}
-	e := mlog.Enc{B: slices.Grow(b, n)}
+// encodeFrames is the earlier internal request's body (still served):
+// the codec byte, the count, then each command's frame (appendFrame).
+func encodeFrames(fs []*fwdCall, now time.Time) []byte {
+	e := mlog.Enc{}
 	e.Byte(forwardCodec)
 	e.U64(uint64(len(fs)))
 	for _, f := range fs {
-		e.Bytes(f.reqID)
-		e.Bytes(f.token)
-		e.Str(f.route)
-		e.U64(uint64(max(1, f.deadline.Sub(now).Milliseconds())))
-		e.Bytes(f.cmd)
+		appendFrame(&e, f, f.cmd, now)
 	}
 	return e.B
+}
+
+// appendFrame appends one command as the leader reads it (decodeFrame):
+// its request id, token, route, remaining time in ms and encoding.
+func appendFrame(e *mlog.Enc, f *fwdCall, cmd []byte, now time.Time) {
+	e.Bytes(f.reqID)
+	e.Bytes(f.token)
+	e.Str(f.route)
+	e.U64(uint64(max(1, f.deadline.Sub(now).Milliseconds())))
+	e.Bytes(cmd)
 }
 
 // frame is one command as the leader reads it.
@@ -295,12 +178,34 @@ type frame struct {
 	reqID, token []byte
 	route        string
 	timeout      time.Duration
+	ctx          context.Context // the timeout, from when the leader read it
 	cmd          *command.Command
 	size         int
 	// the answer
 	res *fsm.Result
 	err error
 	ans byte
+}
+
+// decodeFrame reads what appendFrame wrote into f; an error is the
+// caller's ErrBadRequest.
+func decodeFrame(d *mlog.Dec, f *frame) error {
+	f.reqID, f.token, f.route = d.Bytes(), d.Bytes(), d.Str()
+	ms := d.U64()
+	enc := d.Bytes()
+	if err := d.Err(); err != nil {
+		return err
+	}
+	if ms < 1 || ms > uint64((maxTimeout+maxWait)/time.Millisecond) {
+		return fmt.Errorf("a forwarded command's timeout %d ms", ms)
+	}
+	f.timeout = time.Duration(ms) * time.Millisecond
+	c, err := command.Decode(enc)
+	if err != nil {
+		return fmt.Errorf("a forwarded command: %v", err)
+	}
+	f.cmd, f.size = c, len(enc)
+	return nil
 }
 
 func decodeFrames(b []byte) ([]frame, error) {
@@ -314,22 +219,9 @@ func decodeFrames(b []byte) ([]frame, error) {
 	}
 	fs := make([]frame, n)
 	for i := range fs {
-		f := &fs[i]
-		f.reqID, f.token, f.route = d.Bytes(), d.Bytes(), d.Str()
-		ms := d.U64()
-		enc := d.Bytes()
-		if d.Err() != nil {
-			break
+		if err := decodeFrame(&d, &fs[i]); err != nil {
+			return nil, fmt.Errorf("%w: forward body: %v", ErrBadRequest, err)
 		}
-		if ms < 1 || ms > uint64((maxTimeout+maxWait)/time.Millisecond) {
-			return nil, fmt.Errorf("%w: a forwarded command's timeout %d ms", ErrBadRequest, ms)
-		}
-		f.timeout = time.Duration(ms) * time.Millisecond
-		c, err := command.Decode(enc)
-		if err != nil {
-			return nil, fmt.Errorf("%w: a forwarded command: %v", ErrBadRequest, err)
-		}
-		f.cmd, f.size = c, len(enc)
 	}
 	if err := d.Err(); err != nil {
 		return nil, fmt.Errorf("%w: forward body: %v", ErrBadRequest, err)
@@ -340,35 +232,40 @@ func decodeFrames(b []byte) ([]frame, error) {
 	return fs, nil
 }
 
-// encodeAnswers: the codec byte, then per frame its kind and, for frameOK,
-// the published messages; for frameErr the catalogue index (-1: none),
-// the message and the expected producer sequence.
+// encodeAnswers is the earlier internal request's answer: the codec byte,
+// the count, then each frame's answer (appendAnswer).
 func encodeAnswers(fs []frame) []byte {
 	e := mlog.Enc{B: make([]byte, 0, 16+24*len(fs))}
 	e.Byte(forwardCodec)
 	e.U64(uint64(len(fs)))
 	for i := range fs {
-		f := &fs[i]
-		e.Byte(f.ans)
-		switch f.ans {
-		case frameOK:
-			e.U64(uint64(len(f.res.Published)))
-			for _, p := range f.res.Published {
-				e.U64(uint64(p.Partition))
-				e.U64(p.Offset)
-				e.Bool(p.Duplicate)
-			}
-		case frameErr:
-			e.I64(int64(catalogueIndex(f.err)))
-			e.Str(f.err.Error())
-			var exp uint64
-			if f.res != nil {
-				exp = f.res.Expected
-			}
-			e.U64(exp)
-		}
+		appendAnswer(&e, &fs[i])
 	}
 	return e.B
+}
+
+// appendAnswer appends a frame's answer: its kind and, for frameOK, the
+// published messages; for frameErr the catalogue index (-1: none), the
+// message and the expected producer sequence.
+func appendAnswer(e *mlog.Enc, f *frame) {
+	e.Byte(f.ans)
+	switch f.ans {
+	case frameOK:
+		e.U64(uint64(len(f.res.Published)))
+		for _, p := range f.res.Published {
+			e.U64(uint64(p.Partition))
+			e.U64(p.Offset)
+			e.Bool(p.Duplicate)
+		}
+	case frameErr:
+		e.I64(int64(catalogueIndex(f.err)))
+		e.Str(f.err.Error())
+		var exp uint64
+		if f.res != nil {
+			exp = f.res.Expected
+		}
+		e.U64(exp)
+	}
 }
 
 func decodeAnswers(b []byte, fs []*fwdCall) error {
@@ -380,28 +277,33 @@ func decodeAnswers(b []byte, fs []*fwdCall) error {
 		return fmt.Errorf("%d answers to %d commands", n, len(fs))
 	}
 	for _, f := range fs {
-		switch k := d.Byte(); k {
-		case frameOK:
-			ps := make([]fsm.Published, d.Len(3))
-			for i := range ps {
-				ps[i] = fsm.Published{Partition: uint32(d.U64()), Offset: d.U64(), Duplicate: d.Bool()}
-			}
-			f.res = &fsm.Result{Published: ps}
-		case frameErr:
-			i, msg, exp := d.I64(), d.Str(), d.U64()
-			f.res, f.err = &fsm.Result{Expected: exp}, remoteError(int(i), msg)
-		case frameFallback:
-			f.err = errCoalesceFallback
-		default:
-			if d.Err() == nil {
-				return fmt.Errorf("answer kind %d", k)
-			}
+		if err := decodeAnswer(&d, f); err != nil {
+			return err
 		}
 	}
-	if err := d.Err(); err != nil {
-		return err
-	}
 	return nil
+}
+
+// decodeAnswer reads what appendAnswer wrote into f's result and error.
+func decodeAnswer(d *mlog.Dec, f *fwdCall) error {
+	switch k := d.Byte(); k {
+	case frameOK:
+		ps := make([]fsm.Published, d.Len(3))
+		for i := range ps {
+			ps[i] = fsm.Published{Partition: uint32(d.U64()), Offset: d.U64(), Duplicate: d.Bool()}
+		}
+		f.res = &fsm.Result{Published: ps}
+	case frameErr:
+		i, msg, exp := d.I64(), d.Str(), d.U64()
+		f.res, f.err = &fsm.Result{Expected: exp}, remoteError(int(i), msg)
+	case frameFallback:
+		f.err = errCoalesceFallback
+	default:
+		if d.Err() == nil {
+			return fmt.Errorf("answer kind %d", k)
+		}
+	}
+	return d.Err()
 }
 
 // catalogueIndex is the entry of the catalogue that classifies err, or -1.
@@ -430,40 +332,128 @@ func remoteError(i int, msg string) error {
 	return &wireError{msg: msg}
 }
 
-// forwarded serves POST /v1/internal/forward on the leader: every command
-// proposed in parallel (so that group commit batches them), each answered.
+// forwarded serves POST /v1/internal/forward on the leader: a follower's
+// stream of commands (streamHeader: the connection is taken over,
+// fwdstream.go), or the earlier form, commands in the body answered in
+// the response.
 func (s *Server) forwarded(ctx *fasthttp.RequestCtx, _ *route) error {
+	if len(ctx.Request.Header.Peek(streamHeader)) > 0 {
+		return s.acceptStream(ctx)
+	}
 	fs, err := decodeFrames(ctx.PostBody())
 	if err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	wg.Add(len(fs))
-	for i := range fs {
-		go func(f *frame) {
-			defer wg.Done()
-			start := time.Now()
-			f.res, f.err = s.applyForwarded(f)
-			switch {
-			case errors.Is(f.err, errCoalesceFallback):
-				f.ans = frameFallback
-			case f.err != nil:
-				f.ans = frameErr
-			default:
-				f.ans = frameOK
-			}
-			s.logForwarded(f, time.Since(start))
-		}(&fs[i])
-	}
-	wg.Wait()
+	s.runFrames(fs)
 	writeBody(ctx, fasthttp.StatusOK, encodeAnswers(fs))
 	ctx.Response.Header.SetContentType("application/octet-stream")
 	return nil
 }
 
-// applyForwarded checks one forwarded command as the leader's handler
-// would have and proposes it.
-func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
+// runFrames answers commands a follower forwarded: each is checked, then
+// the commands of each raft group go to that group's commit together (one
+// batch, so that they commit together and none waits a round for
+// another's entry), and each is answered and logged.
+func (s *Server) runFrames(fs []frame) {
+	start := time.Now()
+	var groups []fwdGroup // by raft group, in order of first use (mostly one)
+	for i := range fs {
+		f := &fs[i]
+		var cancel context.CancelFunc
+		f.ctx, cancel = context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		sv, err := s.checkForwarded(f)
+		if err != nil {
+			f.answer(nil, err)
+			continue
+		}
+		j := slices.IndexFunc(groups, func(g fwdGroup) bool { return g.sv == sv })
+		if j < 0 {
+			j = len(groups)
+			groups = append(groups, fwdGroup{sv: sv})
+		}
+		groups[j].fs = append(groups[j].fs, f)
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[min(1, len(groups)):] {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.sv.proposeForwarded(g.fs) }()
+	}
+	if len(groups) > 0 {
+		groups[0].sv.proposeForwarded(groups[0].fs)
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for i := range fs {
+		s.logForwarded(&fs[i], took)
+	}
+}
+
+// fwdGroup is the checked commands of one internal request that go to
+// one raft group, and the server (a data group's view, or the node's) of
+// that group.
+type fwdGroup struct {
+	sv *Server
+	fs []*frame
+}
+
+// answer sets the frame's result and the kind of its answer.
+func (f *frame) answer(res *fsm.Result, err error) {
+	f.res, f.err = res, err
+	switch {
+	case errors.Is(err, errCoalesceFallback):
+		f.ans = frameFallback
+	case err != nil:
+		f.ans = frameErr
+	default:
+		f.ans = frameOK
+	}
+}
+
+// proposeForwarded commits the checked commands of one raft group, which
+// this server leads, together, and answers each; as proposePublish does
+// for one, it counts their commit time and what they published.
+func (s *Server) proposeForwarded(fs []*frame) {
+	ctxs, cmds := make([]context.Context, len(fs)), make([]*command.Command, len(fs))
+	for i, f := range fs {
+		ctxs[i], cmds[i] = f.ctx, f.cmd
+	}
+	start := time.Now()
+	res, errs := s.node.ApplyBatchedAll(ctxs, cmds)
+	took := time.Since(start)
+	for i, f := range fs {
+		s.metrics.commit(took, errs[i])
+		if errs[i] == nil {
+			s.metrics.countPublished(f.cmd.Topic, res[i].Published)
+		}
+		f.answer(res[i], errs[i])
+	}
+}
+
+// forwardedServer is the server of topic's raft group on this node: its
+// data group's view, or the node's server for the default group. A topic
+// of a data group this node holds no replica of goes back to the follower
+// as an HTTP forward, which is routed to the group wherever it is.
+func (s *Server) forwardedServer(topic string) (*Server, error) {
+	gn, ok := s.grouped()
+	if !ok {
+		return s, nil
+	}
+	id := gn.TopicGroup(topic)
+	if id == "" {
+		return s, nil
+	}
+	v, held := s.view(id)
+	if !held {
+		return nil, errCoalesceFallback
+	}
+	return v, nil
+}
+
+// checkForwarded checks one forwarded command as the leader's handler
+// would have and restamps it with this node's clock; it answers the
+// server of the command's raft group, which this node leads.
+func (s *Server) checkForwarded(f *frame) (*Server, error) {
 	c := f.cmd
 	if c.Op != command.OpPublish {
 		return nil, fmt.Errorf("%w: only publishes are forwarded this way", ErrBadRequest)
@@ -480,17 +470,19 @@ func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
 			return nil, fmt.Errorf("%w: token %q lacks publish:%s", ErrForbidden, id.Name(), c.Topic)
 		}
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	defer cancel()
-	for !s.node.IsLeader() || s.node.HandingOff() || !s.node.Serving() {
-		if !s.node.IsLeader() || s.node.HandingOff() {
-			return nil, fmt.Errorf("%w: node %s no longer leads", replica.ErrNotLeader, s.node.ID())
+	sv, err := s.forwardedServer(c.Topic)
+	if err != nil {
+		return nil, err
+	}
+	for !sv.node.IsLeader() || sv.node.HandingOff() || !sv.node.Serving() {
+		if !sv.node.IsLeader() || sv.node.HandingOff() {
+			return nil, fmt.Errorf("%w: node %s no longer leads", replica.ErrNotLeader, sv.node.ID())
 		}
-		if err := pause(rctx, 5*time.Millisecond); err != nil {
+		if err := pause(f.ctx, 5*time.Millisecond); err != nil {
 			return nil, fmt.Errorf("%w: the new leader is still applying the log", replica.ErrNotLeader)
 		}
 	}
-	cfg, err := s.topicConfig(c.Topic)
+	cfg, err := sv.topicConfig(c.Topic)
 	if err != nil {
 		return nil, err
 	}
@@ -508,6 +500,9 @@ func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
 			return nil, err
 		}
 	}
+	if err := sv.node.CheckDisk(bodySize); err != nil {
+		return nil, err
+	}
 	// The follower's clock stamped it: the command carries this node's,
 	// and a delayed message keeps its delay.
 	now := nowMs()
@@ -517,7 +512,7 @@ func (s *Server) applyForwarded(f *frame) (*fsm.Result, error) {
 		}
 	}
 	c.Now = now
-	return s.proposePublish(rctx, c, bodySize)
+	return sv, nil
 }
 
 // validForwardedMsg holds a forwarded message to what a publish's headers

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +46,14 @@ func (n *fsmLeader) ApplyBatched(_ context.Context, c *command.Command) (*fsm.Re
 	return res, res.Err
 }
 
+func (n *fsmLeader) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	res, errs := make([]*fsm.Result, len(cs)), make([]error, len(cs))
+	for i, c := range cs {
+		res[i], errs[i] = n.ApplyBatched(ctxs[i], c)
+	}
+	return res, errs
+}
+
 // follower is a Node that follows the leader at addr.
 type follower struct {
 	leaderNode
@@ -74,9 +84,14 @@ func openTopicFSM(t testing.TB) *fsm.FSM {
 // coalescePair is a leader's server on 127.0.0.1 and a follower's server
 // (in-process: handle is called directly) that forwards to it.
 func coalescePair(t *testing.T, opts Options) (leader, fol *Server, lf *fsmLeader) {
+	return coalescePairOn(t, opts, func(lf *fsmLeader) Node { return lf })
+}
+
+// coalescePairOn is coalescePair with the leader's node wrapped by node.
+func coalescePairOn(t *testing.T, opts Options, node func(*fsmLeader) Node) (leader, fol *Server, lf *fsmLeader) {
 	t.Helper()
 	lf = &fsmLeader{f: openTopicFSM(t), index: 1}
-	leader = newServer(lf, lf.f, slog.New(slog.DiscardHandler), opts)
+	leader = newServer(node(lf), lf.f, slog.New(slog.DiscardHandler), opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +197,79 @@ func TestCoalescedPublishThroughFollower(t *testing.T) {
 	}
 }
 
+// gatedLeader holds every group of commands with a key starting "slow"
+// until gate is closed.
+type gatedLeader struct {
+	*fsmLeader
+	gate chan struct{}
+	held atomic.Int32 // commands held now
+}
+
+func (n *gatedLeader) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	n.hold(cs...)
+	return n.fsmLeader.ApplyBatchedAll(ctxs, cs)
+}
+
+func (n *gatedLeader) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error) {
+	n.hold(c)
+	return n.fsmLeader.ApplyBatched(ctx, c)
+}
+
+func (n *gatedLeader) hold(cs ...*command.Command) {
+	for _, c := range cs {
+		if strings.HasPrefix(c.Msgs[0].Msg.IdempotencyKey, "slow") {
+			n.held.Add(int32(len(cs)))
+			<-n.gate
+			n.held.Add(-int32(len(cs)))
+			return
+		}
+	}
+}
+
+// A follower does not hold a command back for the answers to earlier ones:
+// with many commands waiting for their commit on the leader, the next one
+// is sent and answered as soon as it commits.
+func TestCoalescedCommandNotHeldBehindOthers(t *testing.T) {
+	var gl *gatedLeader
+	_, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
+		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
+		return gl
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gl.gate) }) }
+	t.Cleanup(release) // before the servers stop: they wait for their requests
+	const slow = 8
+	var wg sync.WaitGroup
+	codes := make([]int, slow)
+	for i := range slow {
+		wg.Add(1)
+		go func() { defer wg.Done(); codes[i], _ = publishVia(fol, "", fmt.Sprintf("slow%d", i)) }()
+		// One at a time, so that each is a group of its own on the leader.
+		for deadline := time.Now().Add(5 * time.Second); gl.held.Load() < int32(i+1); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the leader holds %d slow commands, want %d", gl.held.Load(), i+1)
+			}
+		}
+	}
+	done := make(chan int, 1)
+	go func() { code, _ := publishVia(fol, "", "fast"); done <- code }()
+	select {
+	case code := <-done:
+		if code != 201 {
+			t.Errorf("fast publish: %d, want 201", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("a publish waited behind %d others that wait for their commit", slow)
+	}
+	release()
+	wg.Wait()
+	for i, c := range codes {
+		if c != 201 {
+			t.Errorf("slow publish %d: %d, want 201", i, c)
+		}
+	}
+}
+
 // postFrames sends commands straight to a server's internal route, as a
 // node that holds the cluster permission would.
 func postFrames(t *testing.T, s *Server, bearer string, fs []*fwdCall) (int, []*fwdCall, []byte) {
@@ -283,47 +371,102 @@ func TestForwardedCommandsCheckedOnLeader(t *testing.T) {
 	}
 }
 
-// A leader that does not have the internal route (an older release)
-// gets the HTTP request itself, and later ones too for a while.
+// A leader that does not take streams gets the HTTP request itself, and
+// later ones too for a while: an older release without the internal
+// route (404), or the release whose internal requests carried a batch in
+// their body (400 for the stream request's empty body).
 func TestCoalescedFallsBackToHTTP(t *testing.T) {
-	lf := &fsmLeader{f: openTopicFSM(t), index: 1}
-	old := newServer(lf, lf.f, slog.New(slog.DiscardHandler), Options{})
-	table := old.routes()
-	for i := range table {
-		if table[i].Pattern == forwardPattern {
-			table = append(table[:i], table[i+1:]...)
-			break
-		}
+	for _, tc := range []struct {
+		name   string
+		route  func(table []Route, i int) []Route
+		series [2]string // the stream request's route and status on the old leader
+	}{
+		{"no route", func(table []Route, i int) []Route { return append(table[:i], table[i+1:]...) }, [2]string{"unmatched", "404"}},
+		{"batches only", func(table []Route, i int) []Route {
+			table[i].handler = func(ctx *fasthttp.RequestCtx, _ *route) error {
+				_, err := decodeFrames(ctx.PostBody())
+				return err
+			}
+			return table
+		}, [2]string{forwardPattern, "400"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lf := &fsmLeader{f: openTopicFSM(t), index: 1}
+			old := newServer(lf, lf.f, slog.New(slog.DiscardHandler), Options{})
+			table := old.routes()
+			table = tc.route(table, slices.IndexFunc(table, func(r Route) bool { return r.Pattern == forwardPattern }))
+			rt, err := newRouter(table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.router = rt
+			addr := serveOn(t, old)
+			fol := newServer(follower{addr: addr}, openTopicFSM(t), slog.New(slog.DiscardHandler), Options{CoalesceForward: true})
+			for i := 0; i < 3; i++ {
+				if code, body := publishVia(fol, "", fmt.Sprintf("k%d", i)); code != 201 {
+					t.Fatalf("publish %d through the follower: %d %s", i, code, body)
+				}
+			}
+			if got := counterValue(old.metrics.requests.WithLabelValues(publishPattern, "201")); got != 3 {
+				t.Errorf("old leader answered %v publish requests, want 3", got)
+			}
+			if got := counterValue(old.metrics.requests.WithLabelValues(tc.series[0], tc.series[1])); got != 1 {
+				t.Errorf("follower asked the old leader for %v streams, want 1 (then HTTP for a while)", got)
+			}
+			if got := counterValue(fol.metrics.fwdCommands); got != 0 {
+				t.Errorf("follower sent %v commands coalesced, want 0", got)
+			}
+			if lf.index != 4 {
+				t.Errorf("leader applied %d, want 3", lf.index-1)
+			}
+		})
 	}
-	rt, err := newRouter(table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old.router = rt
+}
+
+// serveOn serves s on a port of 127.0.0.1 until the test ends; it answers
+// the address.
+func serveOn(t *testing.T, s *Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- old.Serve(ln) }()
-	defer func() {
-		_ = old.Shutdown(context.Background())
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = s.Shutdown(context.Background())
 		<-done
-	}()
-	fol := newServer(follower{addr: ln.Addr().String()}, openTopicFSM(t), slog.New(slog.DiscardHandler), Options{CoalesceForward: true})
-	for i := 0; i < 3; i++ {
-		if code, body := publishVia(fol, "", fmt.Sprintf("k%d", i)); code != 201 {
-			t.Fatalf("publish %d through the follower: %d %s", i, code, body)
+	})
+	return ln.Addr().String()
+}
+
+// A leader that stops answers what it read from its streams before it
+// closes them.
+func TestStoppingLeaderAnswersItsStream(t *testing.T) {
+	var gl *gatedLeader
+	leader, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
+		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
+		return gl
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gl.gate) }) }
+	t.Cleanup(release)
+	got := make(chan int, 1)
+	go func() { code, _ := publishVia(fol, "", "slow1"); got <- code }()
+	for deadline := time.Now().Add(5 * time.Second); gl.held.Load() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never read the command")
 		}
 	}
-	if got := counterValue(old.metrics.requests.WithLabelValues(publishPattern, "201")); got != 3 {
-		t.Errorf("old leader answered %v publish requests, want 3", got)
+	stopped := make(chan error, 1)
+	go func() { stopped <- leader.Shutdown(context.Background()) }()
+	time.Sleep(50 * time.Millisecond) // the stop has begun: it waits for the answer
+	release()
+	if code := <-got; code != 201 {
+		t.Errorf("publish read before the stop: %d, want 201", code)
 	}
-	if got := counterValue(fol.metrics.fwdRequests); got != 1 {
-		t.Errorf("follower tried %v internal requests, want 1 (then HTTP for a while)", got)
-	}
-	if lf.index != 4 {
-		t.Errorf("leader applied %d, want 3", lf.index-1)
+	if err := <-stopped; err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
 

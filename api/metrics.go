@@ -52,9 +52,9 @@ func newMetrics(s *Server) *metrics {
 	m.commitLat = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mqd_publish_commit_seconds",
 		Help: "Leader: time from proposing a publish to its commit on a majority and apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
 	m.fwdCommands = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_forward_coalesced_commands_total",
-		Help: "Follower: commands (publishes) sent to the leader in coalesced forwards."})
+		Help: "Follower: commands (publishes) sent to a leader on its coalesced-forward stream."})
 	m.fwdRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "mqd_forward_coalesced_requests_total",
-		Help: "Follower: internal requests that carried them (commands per request is the coalescing)."})
+		Help: "Follower: writes on the coalesced-forward streams that carried them (commands per write is the coalescing)."})
 	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mqd_forwarded_requests_total",
 		Help: "HTTP requests this node forwarded (each attempt): to the leader of the group serving them (to=leader), or, for a topic of a data group whose leader it does not know or cannot reach, to a member of the group (to=member)."},
 		[]string{"to"})

@@ -19,10 +19,13 @@ type Node interface {
 	ID() string
 	Info() command.NodeInfo
 	// Apply proposes a command and waits for its result; ApplyBatched
-	// does so through group commit. CheckDisk refuses a write of size
-	// bytes when the disk is under its floor.
+	// does so through group commit, and ApplyBatchedAll for several
+	// commands that go into one group commit together (ctxs[i] bounds the
+	// wait for cs[i]). CheckDisk refuses a write of size bytes when the
+	// disk is under its floor.
 	Apply(ctx context.Context, c *command.Command) (*fsm.Result, error)
 	ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Result, error)
+	ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error)
 	CheckDisk(size int) error
 
 	IsLeader() bool

@@ -150,7 +150,7 @@ func (s *Server) publishCmd(ctx *fasthttp.RequestCtx, r *route, cmd *command.Com
 	}
 	var res *fsm.Result
 	if r.remote {
-		res, err = s.coal.call(r.ctx, ctx, r, cmd) // the leader runs proposePublish
+		res, err = s.coal.call(r.ctx, s, ctx, r, cmd) // the leader checks and proposes it
 	} else {
 		res, err = s.proposePublish(r.ctx, cmd, bodySize)
 	}

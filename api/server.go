@@ -75,8 +75,8 @@ type Options struct {
 	// coalesced forwards to the leader carry it.
 	NodeToken string
 	// CoalesceForward makes a follower send publishes to the leader
-	// coalesced (--forward-coalesce; coalesce.go). Every node serves the
-	// internal route whatever it is.
+	// coalesced (--forward-coalesce, on by default; coalesce.go). Every
+	// node serves the internal route whatever it is.
 	CoalesceForward bool
 	// DataGroups makes the metadata leader place every new topic in a
 	// data group (--data-groups; views.go) instead of the default group.
@@ -105,7 +105,8 @@ type core struct {
 	logger     *slog.Logger
 	srv        *fasthttp.Server
 	fwd        *fasthttp.Client
-	coal       coalescer // coalesced forwarding (coalesce.go)
+	coal       coalescer     // coalesced forwarding, a follower's (coalesce.go)
+	streams    leaderStreams // coalesced forwarding, the followers' streams a leader serves (fwdstream.go)
 	waiters    *waiters
 	metrics    *metrics
 	router     *router
@@ -201,6 +202,7 @@ func (s *Server) LimitListener(ln net.Listener) net.Listener { return s.conns.wr
 // Shutdown stops accepting and waits for in-flight requests (or ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.waiters.closeAll()
+	s.streams.stop(ctx.Done())
 	return s.srv.ShutdownWithContext(ctx)
 }
 
@@ -327,7 +329,7 @@ func (s *Server) onLeader(ctx *fasthttp.RequestCtx, r *route) error {
 			}
 			continue
 		}
-		if r.def.Coalesce && s.opts.CoalesceForward && s.group == "" && !fallback {
+		if r.def.Coalesce && s.opts.CoalesceForward && !fallback {
 			err := s.viaCoalesced(ctx, r)
 			switch {
 			case errors.Is(err, errCoalesceFallback):

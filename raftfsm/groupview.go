@@ -72,6 +72,11 @@ func (v *GroupView) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.
 	return v.g.ApplyBatched(ctx, c)
 }
 
+// ApplyBatchedAll proposes cs in the data group, committed together.
+func (v *GroupView) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	return v.g.ApplyBatchedAll(ctxs, cs)
+}
+
 // HandingOff reports whether this node is handing the data group's
 // leadership off.
 func (v *GroupView) HandingOff() bool { return v.g.HandingOff() }

@@ -296,6 +296,12 @@ func (n *Node) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Resul
 	return n.def.ApplyBatched(ctx, c)
 }
 
+// ApplyBatchedAll is ApplyBatched of several commands committed together
+// (replica.Group.ApplyBatchedAll).
+func (n *Node) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	return n.def.ApplyBatchedAll(ctxs, cs)
+}
+
 // WaitLeader waits until some node leads (true) or ctx ends (false).
 func (n *Node) WaitLeader(ctx context.Context) bool {
 	t := time.NewTicker(20 * time.Millisecond)

@@ -37,6 +37,9 @@ type pending struct {
 	buf    *[]byte // enc's buffer from encBufs, or nil
 	queued time.Time
 	done   chan batchResult
+	// rest, on the first command of a group (SubmitAll), are the others:
+	// they enter the batch with it, in order.
+	rest []*pending
 }
 
 type batchResult struct {
@@ -92,6 +95,50 @@ func (b *Batcher) Submit(ctx context.Context, enc []byte, buf *[]byte) (*fsm.Res
 	}
 }
 
+// SubmitAll hands encoded commands (and their pooled buffers, or nils)
+// to the group commit together: they go into one batch, never split over
+// two (a batch may then hold more than maxBatchCmds commands), so that
+// they commit together and none waits a round for another's entry. It
+// returns once they are queued, or with ctx's error when ctx ends first
+// (nothing was queued); each result is then waited for with Queued.Wait.
+func (b *Batcher) SubmitAll(ctx context.Context, encs [][]byte, bufs []*[]byte) ([]Queued, error) {
+	if len(encs) == 0 {
+		return nil, nil
+	}
+	now := time.Now()
+	ps := make([]pending, len(encs))
+	qs := make([]Queued, len(encs))
+	rest := make([]*pending, 0, len(encs)-1)
+	for i := range ps {
+		ps[i] = pending{enc: encs[i], buf: bufs[i], queued: now, done: make(chan batchResult, 1)}
+		qs[i] = Queued{&ps[i]}
+		if i > 0 {
+			rest = append(rest, &ps[i])
+		}
+	}
+	ps[0].rest = rest
+	select {
+	case b.in <- &ps[0]:
+		return qs, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
+	}
+}
+
+// Queued is a command submitted with others (SubmitAll).
+type Queued struct{ p *pending }
+
+// Wait waits for the command's result, or for ctx to end (the command may
+// still be committed).
+func (q Queued) Wait(ctx context.Context) (*fsm.Result, error) {
+	select {
+	case r := <-q.p.done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
+	}
+}
+
 // Collectors are the batcher's histograms, for /metrics.
 func (b *Batcher) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{b.size, b.queue, b.raft}
@@ -115,20 +162,31 @@ func (b *Batcher) Run(ctx context.Context) {
 			return
 		case first = <-b.in:
 		}
-		batch := []*pending{first}
-		size := len(first.enc)
+		batch, size := take(nil, 0, first)
 	fill:
 		for len(batch) < maxBatchCmds && size < maxBatchBytes {
 			select {
 			case p := <-b.in:
-				batch = append(batch, p)
-				size += len(p.enc)
+				batch, size = take(batch, size, p)
 			default:
 				break fill
 			}
 		}
 		go b.commit(batch)
 	}
+}
+
+// take appends p and the rest of its group to batch, whose commands'
+// encodings are size bytes.
+func take(batch []*pending, size int, p *pending) ([]*pending, int) {
+	batch = append(batch, p)
+	size += len(p.enc)
+	for _, q := range p.rest {
+		batch = append(batch, q)
+		size += len(q.enc)
+	}
+	p.rest = nil
+	return batch, size
 }
 
 func (b *Batcher) commit(batch []*pending) {
@@ -251,7 +309,8 @@ func (b *Batcher) drain() {
 	for {
 		select {
 		case p := <-b.in:
-			p.done <- batchResult{nil, ErrShutdown}
+			batch, _ := take(nil, 0, p)
+			fail(batch, ErrShutdown)
 		default:
 			return
 		}

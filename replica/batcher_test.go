@@ -2,10 +2,15 @@ package replica
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/mqd/mqd/command"
+	"github.com/mqd/mqd/fsm"
 	mlog "github.com/mqd/mqd/log"
 )
 
@@ -149,5 +154,121 @@ func BenchmarkEncodeBatch(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// fakeFuture is a proposal's future that answers once release is closed,
+// with a result per command of its entry.
+type fakeFuture struct {
+	release chan struct{}
+	n       int
+}
+
+func (f *fakeFuture) Error() error  { <-f.release; return nil }
+func (f *fakeFuture) Index() uint64 { return 0 }
+func (f *fakeFuture) Response() any {
+	r := &fsm.Result{}
+	if f.n > 1 {
+		for range f.n {
+			r.Multi = append(r.Multi, &fsm.Result{})
+		}
+	}
+	return r
+}
+
+// A group handed in by SubmitAll goes into one batch whole, even when the
+// batch would otherwise be cut in the middle of it (maxBatchCmds), so its
+// commands commit together; every command is answered.
+func TestSubmitAllStaysInOneBatch(t *testing.T) {
+	var mu sync.Mutex
+	var entries []*command.Command // decoded, in the order proposed
+	release := make(chan struct{})
+	b := NewBatcher(func(_ context.Context, data []byte) (raft.ApplyFuture, error) {
+		c, err := command.Decode(data)
+		if err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		entries = append(entries, c)
+		first := len(entries) == 1
+		mu.Unlock()
+		n := 1
+		if c.Op == command.OpMulti {
+			n = len(c.Batch)
+		}
+		if first { // the first entry holds the pipeline until released
+			return &fakeFuture{release: release, n: n}, nil
+		}
+		done := make(chan struct{})
+		close(done)
+		return &fakeFuture{release: done, n: n}, nil
+	}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go b.Run(ctx)
+	enc := func(topic string) []byte {
+		return (&command.Command{Op: command.OpPublish, Topic: topic, Msgs: []mlog.Placed{{Msg: &mlog.Message{Value: []byte("x")}}}}).Encode()
+	}
+	var wg sync.WaitGroup
+	submit := func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.Submit(ctx, enc("single"), nil); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	submit()
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(entries) == 1 })
+	const singles, group = maxBatchCmds - 12, 100
+	for range singles {
+		submit()
+	}
+	waitFor(t, func() bool { return len(b.in) == singles })
+	encs, bufs := make([][]byte, group), make([]*[]byte, group)
+	for i := range encs {
+		encs[i] = enc("group")
+	}
+	qs, err := b.SubmitAll(ctx, encs, bufs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	for i, q := range qs {
+		if _, err := q.Wait(ctx); err != nil {
+			t.Fatalf("group command %d: %v", i, err)
+		}
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	holding := 0
+	for _, e := range entries {
+		n := 0
+		for _, c := range append(e.Batch, e) {
+			if c.Topic == "group" {
+				n++
+			}
+		}
+		if n > 0 {
+			holding++
+			if n != group {
+				t.Errorf("an entry holds %d of the group's %d commands", n, group)
+			}
+		}
+	}
+	if holding != 1 {
+		t.Errorf("the group's commands are in %d entries, want 1", holding)
+	}
+}
+
+// waitFor polls cond for up to 5 s and fails the test when it never holds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5 s")
+		}
 	}
 }

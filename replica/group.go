@@ -694,3 +694,54 @@ func (g *Group) ApplyBatched(ctx context.Context, c *command.Command) (*fsm.Resu
 	enc, buf := c.EncodePooled()
 	return g.batch.Submit(ctx, enc, buf)
 }
+
+// ApplyBatchedAll is ApplyBatched of several commands (not leases) that
+// go into one group commit together (Batcher.SubmitAll): none waits a
+// round for another's entry. ctxs[i] bounds the wait for cs[i]'s result;
+// the results and errors are in the order of cs. As with ApplyBatched,
+// the commands are encoded before anything waits.
+func (g *Group) ApplyBatchedAll(ctxs []context.Context, cs []*command.Command) ([]*fsm.Result, []error) {
+	res, errs := make([]*fsm.Result, len(cs)), make([]error, len(cs))
+	failAll := func(err error) ([]*fsm.Result, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs
+	}
+	if len(cs) == 0 {
+		return res, errs
+	}
+	if !g.IsLeader() {
+		return failAll(ErrNotLeader)
+	}
+	if err := g.enter(); err != nil {
+		return failAll(err)
+	}
+	defer g.leave()
+	encs, bufs := make([][]byte, len(cs)), make([]*[]byte, len(cs))
+	latest := ctxs[0]
+	for i, c := range cs {
+		if c.Op == command.OpLease {
+			panic("replica: ApplyBatchedAll of a lease") // a program error: leases go through ApplyBatched
+		}
+		encs[i], bufs[i] = c.EncodePooled()
+		if d, ok := ctxs[i].Deadline(); ok {
+			if ld, lok := latest.Deadline(); lok && d.After(ld) {
+				latest = ctxs[i]
+			}
+		} else {
+			latest = ctxs[i]
+		}
+	}
+	qs, err := g.batch.SubmitAll(latest, encs, bufs)
+	if err != nil {
+		for i := range bufs {
+			command.RecycleEnc(bufs[i])
+		}
+		return failAll(err)
+	}
+	for i, q := range qs {
+		res[i], errs[i] = q.Wait(ctxs[i])
+	}
+	return res, errs
+}

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -10,32 +11,81 @@ import (
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// With --forward-coalesce, publishes through a follower reach the leader
+// With --forward-coalesce (the default), publishes through a follower reach the leader
 // as commands in its internal requests, answered as before: 201 with a
 // place, 200 for a repeated key, 403 for a token without publish (on the
 // follower), and every message stored once (the leader counts them).
 func TestCoalescedForwardThroughFollower(t *testing.T) {
 	t.Parallel()
 	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx, tc.WithFlags("--forward-coalesce"))
+	c := startAuthCluster(t, 3, fx)
 	ctx := ctxFor(t, 60*time.Second)
 	leader, followers := mustRoles(t, c)
 	mustTopic(t, leader, "orders", nil)
-	// Until the follower has applied the topic it forwards publishes as
-	// HTTP requests (it cannot place them): wait for it.
+	coalescedPublishes(ctx, t, fx, followers[0], leader, "orders", 40)
+}
+
+// With --data-groups, a publish to a data group's topic through a
+// member of the group that does not lead it goes coalesced to the group's
+// leader (which need not lead the default group), answered and counted as
+// through a follower of the default group.
+func TestCoalescedForwardDataGroup(t *testing.T) {
+	t.Parallel()
+	fx := authTokens(t, authRoles)
+	c := startAuthCluster(t, 3, fx, tc.WithFlags("--data-groups"))
+	ctx := ctxFor(t, 90*time.Second)
+	metaLeader, followers := mustRoles(t, c)
+	const tp = "orders-dg"
+	mustTopic(t, metaLeader, tp, nil)
+	// Wait until the group is led by its preferred leader (the first of its
+	// replicas), to which it is handed soon after its creation.
+	var group, leaderID string
 	for {
-		r, err := followers[0].Do(ctx, http.MethodGet, "/v1/topics/orders?stale=ok", nil, nil)
+		g, l, reps, err := topicPlacement(ctx, metaLeader, tp)
+		if err == nil && g != "" && len(reps) == 3 && l == reps[0] {
+			group, leaderID = g, l
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s: placement %q led by %q of %v (%v), want a group led by its first replica", tp, g, l, reps, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	leader := c.NodeByID(leaderID)
+	// The entry is a member that does not lead the group: the metadata
+	// leader when it does not lead it too.
+	entry := metaLeader
+	if entry == leader {
+		entry = followers[0]
+		if entry == leader {
+			entry = followers[1]
+		}
+	}
+	t.Logf("group %s of %s led by %s, the metadata group by %s; publishing through %s", group, tp, leader, metaLeader, entry)
+	coalescedPublishes(ctx, t, fx, entry, leader, tp, 40)
+}
+
+// coalescedPublishes publishes n keyed messages to topic (which the token
+// "pub" may publish to) concurrently through entry, a node that does not
+// lead the topic's group, then one repeat and one publish with a token
+// without the permission, and checks the answers, that entry sent the n+1
+// allowed ones coalesced and that leader stored n.
+func coalescedPublishes(ctx context.Context, t *testing.T, fx *tc.AuthFixture, entry, leader *tc.Node, topic string, n int) {
+	t.Helper()
+	// Until entry has applied the topic it forwards publishes as HTTP
+	// requests (it cannot place them): wait for it.
+	for {
+		r, err := entry.Do(ctx, http.MethodGet, "/v1/topics/"+topic+"?stale=ok", nil, nil)
 		if err == nil && r.Status == 200 {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("follower never knew topic orders: %v %+v", err, r)
+			t.Fatalf("%s never knew topic %s: %v %+v", entry, topic, err, r)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	pub := tc.NewClient(15*time.Second, 32).WithToken(fx.Secrets["pub"])
-	url := followers[0].URL() + "/v1/topics/orders/messages"
-	const n = 40
+	url := entry.URL() + "/v1/topics/" + topic + "/messages"
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
@@ -61,18 +111,18 @@ func TestCoalescedForwardThroughFollower(t *testing.T) {
 		err = r.Expect(200)
 	}
 	if err != nil {
-		t.Errorf("repeated key through the follower: %v", err)
+		t.Errorf("repeated key through %s: %v", entry, err)
 	}
 	other := tc.NewClient(15*time.Second, 1).WithToken(fx.Secrets["other"])
 	if r, err := other.Do(ctx, http.MethodPost, url, "x", nil); err != nil || r.Status != 403 {
-		t.Errorf("publish without publish:orders through the follower: %v %+v, want 403", err, r)
+		t.Errorf("publish without publish:%s through %s: %v %+v, want 403", topic, entry, err, r)
 	}
-	sent, err := metricSample(ctx, followers[0], "mqd_forward_coalesced_commands_total")
-	if err != nil || sent != n+1 {
-		t.Errorf("follower sent %v coalesced commands (%v), want %d", sent, err, n+1)
+	sent, err := metricSample(ctx, entry, "mqd_forward_coalesced_commands_total")
+	if err != nil || sent != float64(n+1) {
+		t.Errorf("%s sent %v coalesced commands (%v), want %d", entry, sent, err, n+1)
 	}
-	stored, err := metricSample(ctx, leader, `mqd_published_messages_total{topic="orders"}`)
-	if err != nil || stored != n {
-		t.Errorf("leader counts %v messages stored (%v), want %d", stored, err, n)
+	stored, ok := metricValue(scrape(ctx, t, leader), "mqd_published_messages_total", map[string]string{"topic": topic})
+	if !ok || stored != float64(n) {
+		t.Errorf("leader %s counts %v messages stored in %s (found: %v), want %d", leader, stored, topic, ok, n)
 	}
 }

@@ -104,8 +104,8 @@ func serverFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, flagLogLevel, "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, flagLogFormat, "text", "log format: text (logfmt) or json (one object per line)")
 	fs.BoolVar(&o.pprof, flagPprof, false, "serve Go profiles at /debug/pprof/ (needs the monitor permission with --auth-file)")
-	fs.BoolVar(&o.forwardCoalesce, flagForwardCoalesce, false,
-		"a follower sends publishes to the leader coalesced, many in one internal request, instead of forwarding each HTTP request (experimental: docs/performance.md)")
+	fs.BoolVar(&o.forwardCoalesce, flagForwardCoalesce, true,
+		"a follower sends publishes to the leader as commands on a stream, instead of forwarding each HTTP request (false: HTTP forwarding, as before 0.3; docs/performance.md)")
 	fs.BoolVar(&o.dataGroups, flagDataGroups, true,
 		"on the metadata leader: place every new topic in a data group, a raft group of its own spread over the nodes (false: new topics go to the metadata group, as before 0.3; docs/operations.md, Data groups)")
 	fs.BoolVar(&o.metricsGroups, flagMetricsGroups, true,
