@@ -215,32 +215,9 @@ func pace(rate float64, total int, send func(ctx context.Context, w int) error) 
 func groupCommits(b *testing.B, nodes []*tc.Node) (cmds, commits float64) {
 	b.Helper()
 	for _, n := range nodes {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
-		cancel()
-		if err == nil {
-			err = r.Expect(http.StatusOK)
-		}
-		if err != nil {
-			b.Fatalf("%s: %v", n, err)
-		}
-		for _, line := range strings.Split(string(r.Body), "\n") {
-			// name{labels} value
-			name, _, _ := strings.Cut(line, "{")
-			name, _, _ = strings.Cut(name, " ")
-			if name != "mqd_batch_commands_sum" && name != "mqd_batch_commands_count" {
-				continue
-			}
-			v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
-			if err != nil {
-				b.Fatalf("%s: %q: %v", n, line, err)
-			}
-			if name == "mqd_batch_commands_sum" {
-				cmds += v
-			} else {
-				commits += v
-			}
-		}
+		v := nodeMetrics(b, n, "?mqd_batch_commands_sum", "?mqd_batch_commands_count") // forward_test.go
+		cmds += v[0]
+		commits += v[1]
 	}
 	return cmds, commits
 }
