@@ -199,6 +199,21 @@ func TestCoalescedPublishThroughFollower(t *testing.T) {
 
 // gatedLeader holds every group of commands with a key starting "slow"
 // until gate is closed.
+// gatedPair is coalescePairOn with a leader that holds the commands it
+// is to apply until release is called (at the latest at the test's
+// cleanup, before the servers stop: they wait for their requests).
+func gatedPair(t *testing.T) (leader, fol *Server, gl *gatedLeader, release func()) {
+	t.Helper()
+	leader, fol, _ = coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
+		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
+		return gl
+	})
+	var open sync.Once
+	release = func() { open.Do(func() { close(gl.gate) }) }
+	t.Cleanup(release)
+	return leader, fol, gl, release
+}
+
 type gatedLeader struct {
 	*fsmLeader
 	gate chan struct{}
@@ -230,14 +245,7 @@ func (n *gatedLeader) hold(cs ...*command.Command) {
 // with many commands waiting for their commit on the leader, the next one
 // is sent and answered as soon as it commits.
 func TestCoalescedCommandNotHeldBehindOthers(t *testing.T) {
-	var gl *gatedLeader
-	_, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
-		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
-		return gl
-	})
-	var open sync.Once
-	release := func() { open.Do(func() { close(gl.gate) }) }
-	t.Cleanup(release) // before the servers stop: they wait for their requests
+	_, fol, gl, release := gatedPair(t)
 	const slow = 8
 	var wg sync.WaitGroup
 	codes := make([]int, slow)
@@ -443,14 +451,7 @@ func serveOn(t *testing.T, s *Server) string {
 // A leader that stops answers what it read from its streams before it
 // closes them.
 func TestStoppingLeaderAnswersItsStream(t *testing.T) {
-	var gl *gatedLeader
-	leader, fol, _ := coalescePairOn(t, Options{CoalesceForward: true}, func(lf *fsmLeader) Node {
-		gl = &gatedLeader{fsmLeader: lf, gate: make(chan struct{})}
-		return gl
-	})
-	var open sync.Once
-	release := func() { open.Do(func() { close(gl.gate) }) }
-	t.Cleanup(release)
+	leader, fol, gl, release := gatedPair(t)
 	got := make(chan int, 1)
 	go func() { code, _ := publishVia(fol, "", "slow1"); got <- code }()
 	for deadline := time.Now().Add(5 * time.Second); gl.held.Load() < 1; time.Sleep(time.Millisecond) {

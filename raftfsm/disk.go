@@ -104,7 +104,6 @@ type diskGuard struct {
 	admitted atomic.Uint64 // bytes admitted since the last reading, times perByte
 	perByte  atomic.Uint64 // disk bytes to count per byte admitted
 	low      atomic.Bool
-	extra    atomic.Uint64 // kept free on top of the threshold: every group's segment
 
 	gmu    sync.Mutex
 	groups map[string]groupSpace // by raft group id: what each held group keeps free
@@ -134,7 +133,6 @@ func (g *diskGuard) track(id string, snapshot func() uint64, segment uint64) {
 		g.groups = map[string]groupSpace{}
 	}
 	g.groups[id] = groupSpace{snapshot: snapshot, segment: segment}
-	g.sumSegments()
 	g.gmu.Unlock()
 	g.perByte.Store(4)
 	g.checked.Store(0) // read again with it
@@ -144,18 +142,19 @@ func (g *diskGuard) track(id string, snapshot func() uint64, segment uint64) {
 func (g *diskGuard) untrack(id string) {
 	g.gmu.Lock()
 	delete(g.groups, id)
-	g.sumSegments()
 	g.gmu.Unlock()
 	g.checked.Store(0)
 }
 
-// sumSegments sets extra to the groups' segments; gmu held.
-func (g *diskGuard) sumSegments() {
+// segments is the bytes the held groups' next raft-wal segments take.
+func (g *diskGuard) segments() uint64 {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
 	var sum uint64
 	for _, s := range g.groups {
 		sum += s.segment
 	}
-	g.extra.Store(sum)
+	return sum
 }
 
 // snapshots is the bytes the held groups' next snapshots write.
@@ -217,7 +216,7 @@ func (g *diskGuard) refresh(now time.Time) {
 		g.checked.Store(now.UnixNano())
 		return
 	}
-	need := g.min.threshold(total) + g.extra.Load() + g.snapshots()
+	need := g.min.threshold(total) + g.segments() + g.snapshots()
 	g.free.Store(free)
 	g.need.Store(need)
 	g.admitted.Store(0)

@@ -35,7 +35,7 @@ func (n *Node) Resources() Resources {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(n.cfg.DataDir, &st); err == nil {
 		r.DiskFreeBytes, r.DiskTotalBytes = st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
-		r.DiskMinFreeBytes = n.cfg.MinFreeDisk.threshold(r.DiskTotalBytes) + n.disk.extra.Load()
+		r.DiskMinFreeBytes = n.cfg.MinFreeDisk.threshold(r.DiskTotalBytes) + n.disk.segments()
 		r.DiskLow = r.DiskFreeBytes < r.DiskMinFreeBytes
 	}
 	var ms runtime.MemStats

@@ -87,12 +87,7 @@ func (b *Batcher) Submit(ctx context.Context, enc []byte, buf *[]byte) (*fsm.Res
 	case <-ctx.Done():
 		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
 	}
-	select {
-	case r := <-p.done:
-		return r.res, r.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
-	}
+	return Queued{p}.Wait(ctx)
 }
 
 // SubmitAll hands encoded commands (and their pooled buffers, or nils)
