@@ -12,25 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 	"go.yaml.in/yaml/v3"
 )
-
-// authTokens writes a token file with one token per role (testcluster's
-// auth.go).
-var authTokens = tc.AuthTokens
-
-var authRoles = map[string][]string{
-	"node":    {"cluster"},
-	"ops":     {"monitor", "admin:*"}, // the harness's own token
-	"monitor": {"monitor"},
-	"pub":     {"publish:orders*"},
-	"cons":    {"consume:orders*"},
-	"admin":   {"admin:orders*"},
-	"other":   {"publish:invoices", "consume:invoices", "admin:invoices", "monitor"},
-}
-
-var startAuthCluster = tc.StartAuth
 
 // authCase is one route of the matrix: who lacks the permission, who holds
 // it, and the status the holder gets.
@@ -97,11 +83,11 @@ func authMatrix() []authCase {
 // follower (which forwards leader routes with the caller's token).
 func TestAuthMatrix(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx, tc.WithFlags("--pprof")) // pprof is behind its flag
-	l, fs := mustRoles(t, c)
-	mustTopic(t, l, "orders", nil)
-	mustTopic(t, l, "invoices", nil)
+	fx := tc.AuthTokens(t, systest.AuthRoles)
+	c := tc.StartAuth(t, 3, fx, tc.WithFlags("--pprof")) // pprof is behind its flag
+	l, fs := tc.MustRoles(t, c)
+	tc.MustTopic(t, l, "orders", nil)
+	tc.MustTopic(t, l, "invoices", nil)
 	anon := tc.NewClient(15*time.Second, 4)
 	checkMatrixComplete(t, anon, l)
 	for _, n := range []*tc.Node{l, fs[0]} {
@@ -113,7 +99,7 @@ func TestAuthMatrix(t *testing.T) {
 				if token != "" {
 					cl = anon.WithToken(token)
 				}
-				r, err := cl.Do(ctxFor(t, 15*time.Second), ac.method, n.URL()+ac.path, ac.body, nil)
+				r, err := cl.Do(tc.CtxFor(t, 15*time.Second), ac.method, n.URL()+ac.path, ac.body, nil)
 				if err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
@@ -122,7 +108,7 @@ func TestAuthMatrix(t *testing.T) {
 			if ac.with != "" {
 				for _, bad := range []string{"", "mqd_wrong", fx.Secrets["node"] + "x"} {
 					r := do(bad)
-					expectError(t, name+" token "+short(bad), r, 401, "unauthenticated")
+					systest.ExpectError(t, name+" token "+short(bad), r, 401, "unauthenticated")
 					if bad != "" && strings.Contains(string(r.Body), bad) {
 						t.Errorf("%s: the 401 quotes the token it was sent", name)
 					}
@@ -132,7 +118,7 @@ func TestAuthMatrix(t *testing.T) {
 				}
 			}
 			if ac.without != "" {
-				expectError(t, name+" token "+ac.without, do(fx.Secrets[ac.without]), 403, "forbidden")
+				systest.ExpectError(t, name+" token "+ac.without, do(fx.Secrets[ac.without]), 403, "forbidden")
 			}
 			r := do(fx.Secrets[ac.with])
 			if ac.path == "/readyz" && r.Status == 503 && strings.Contains(string(r.Body), `"ready":false`) {
@@ -146,7 +132,7 @@ func TestAuthMatrix(t *testing.T) {
 	// The topic list shows only what a token may see.
 	for token, want := range map[string]string{"pub": "orders", "other": "invoices", "ops": "invoices,orders", "monitor": ""} {
 		for _, n := range []*tc.Node{l, fs[1]} {
-			r, err := anon.WithToken(fx.Secrets[token]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/topics", nil, nil)
+			r, err := anon.WithToken(fx.Secrets[token]).Do(tc.CtxFor(t, 15*time.Second), "GET", n.URL()+"/v1/topics", nil, nil)
 			if err != nil || r.Status != 200 {
 				t.Fatalf("list as %s: %v %v", token, err, r)
 			}
@@ -171,7 +157,7 @@ func TestAuthMatrix(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := anon.WithToken(fx.Secrets["monitor"]).Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/metrics", nil, nil)
+		r, err := anon.WithToken(fx.Secrets["monitor"]).Do(tc.CtxFor(t, 15*time.Second), "GET", n.URL()+"/metrics", nil, nil)
 		if err != nil || r.Status != 200 {
 			t.Fatalf("metrics of %s: %v %v", n.ID(), err, r)
 		}
@@ -193,30 +179,17 @@ func short(s string) string {
 	return "\"" + s + "\""
 }
 
-// expectError checks status and JSON error code.
-func expectError(t *testing.T, what string, r *tc.Response, status int, code string) {
-	t.Helper()
-	if r.Status != status {
-		t.Errorf("%s: %d %s, want %d", what, r.Status, r.Body, status)
-		return
-	}
-	got, err := r.CheckError()
-	if err != nil || got != code {
-		t.Errorf("%s: code %q (%v), want %q", what, got, err, code)
-	}
-}
-
 // TestAuthReload: SIGHUP revokes and grants tokens (one added with `mqd
 // token new`), and a bad file keeps the tokens in force.
 func TestAuthReload(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "node": {"cluster"}, "pub": {"publish:*"}})
-	c := startAuthCluster(t, 1, fx)
+	fx := tc.AuthTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "node": {"cluster"}, "pub": {"publish:*"}})
+	c := tc.StartAuth(t, 1, fx)
 	n := c.Node(0)
-	mustTopic(t, n, "t", nil)
+	tc.MustTopic(t, n, "t", nil)
 	publishAs := func(secret string) int {
 		t.Helper()
-		r, err := tc.DefaultClient.WithToken(secret).Do(ctxFor(t, 15*time.Second), "POST", n.URL()+"/v1/topics/t/messages", "x", nil)
+		r, err := tc.DefaultClient.WithToken(secret).Do(tc.CtxFor(t, 15*time.Second), "POST", n.URL()+"/v1/topics/t/messages", "x", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,7 +291,7 @@ func TestAuthProtectedMode(t *testing.T) {
 	c := tc.Start(t, 1, tc.WithNodeArgs(func(n *tc.Node) []string {
 		return []string{"--http-addr", "0.0.0.0:" + strings.Split(n.HTTPAddr(), ":")[1], "--insecure"}
 	}))
-	r, err := c.Node(0).Do(ctxFor(t, 10*time.Second), http.MethodGet, "/v1/topics", nil, nil)
+	r, err := c.Node(0).Do(tc.CtxFor(t, 10*time.Second), http.MethodGet, "/v1/topics", nil, nil)
 	if err != nil || r.Status != 200 {
 		t.Fatalf("insecure node: %v %v", err, r)
 	}
@@ -329,7 +302,7 @@ func TestAuthProtectedMode(t *testing.T) {
 // in authMatrix.
 func checkMatrixComplete(t *testing.T, cl *tc.Client, n *tc.Node) {
 	t.Helper()
-	r, err := cl.Do(ctxFor(t, 15*time.Second), "GET", n.URL()+"/v1/openapi.yaml", nil, nil)
+	r, err := cl.Do(tc.CtxFor(t, 15*time.Second), "GET", n.URL()+"/v1/openapi.yaml", nil, nil)
 	if err != nil || r.Status != 200 {
 		t.Fatalf("openapi.yaml: %v %v", err, r)
 	}
@@ -379,7 +352,7 @@ func pathMatches(pattern, path string) bool {
 // kills it nor is lost.
 func TestHUPWhileStarting(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, map[string][]string{"ops": {"monitor"}})
+	fx := tc.AuthTokens(t, map[string][]string{"ops": {"monitor"}})
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "log")
 	lf, err := os.Create(logPath)
@@ -439,14 +412,14 @@ func TestHUPWhileStarting(t *testing.T) {
 // about 10 s a warning names the refusal of its status calls.
 func TestJoinWithWrongNodeTokenWarns(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 1, fx, tc.WithNodeArgs(func(n *tc.Node) []string {
+	fx := tc.AuthTokens(t, systest.AuthRoles)
+	c := tc.StartAuth(t, 1, fx, tc.WithNodeArgs(func(n *tc.Node) []string {
 		if n.ID() == "n2" {
 			return []string{"--node-token", "not-the-node-token"}
 		}
 		return nil
 	}))
-	ctx := ctxFor(t, 90*time.Second)
+	ctx := tc.CtxFor(t, 90*time.Second)
 	n2 := c.AddNode("n2")
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -7,28 +7,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
-// browsePage is the answer of GET /v1/topics/{topic}/messages.
-type browsePage struct {
-	Messages      []tc.Message `json:"messages"`
-	NextPartition int          `json:"next_partition"`
-	NextOffset    int64        `json:"next_offset"`
-	More          bool         `json:"more"`
-}
-
-func browse(t *testing.T, n *tc.Node, topic, query string) browsePage {
+func browse(t *testing.T, n *tc.Node, topic, query string) systest.BrowsePage {
 	t.Helper()
-	r, err := n.Do(ctxFor(t, 15*time.Second), "GET", "/v1/topics/"+topic+"/messages?"+query, nil, nil)
+	r, err := n.Do(tc.CtxFor(t, 15*time.Second), "GET", "/v1/topics/"+topic+"/messages?"+query, nil, nil)
 	if err != nil {
 		t.Fatalf("browse %s?%s via %s: %v", topic, query, n, err)
 	}
 	if err := r.Expect(200); err != nil {
 		t.Fatalf("browse %s?%s via %s: %v", topic, query, n, err)
 	}
-	var pg browsePage
+	var pg systest.BrowsePage
 	if err := r.JSON(&pg); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +41,7 @@ type browseView struct {
 
 func viewOf(t *testing.T, l *tc.Node, topic string) browseView {
 	t.Helper()
-	ctx := ctxFor(t, 15*time.Second)
+	ctx := tc.CtxFor(t, 15*time.Second)
 	st, err := l.Stats(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
@@ -68,33 +62,33 @@ func viewOf(t *testing.T, l *tc.Node, topic string) browseView {
 func TestBrowseChangesNothing(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	l, fs := mustRoles(t, c)
+	l, fs := tc.MustRoles(t, c)
 	f := fs[0]
 	settled(t, l)
-	mustTopic(t, l, "browse", map[string]any{"partitions": 3, "ack_timeout_ms": 600000})
+	tc.MustTopic(t, l, "browse", map[string]any{"partitions": 3, "ack_timeout_ms": 600000})
 	want := map[string]string{} // "p/o" -> value
 	for i := range 25 {
 		v := fmt.Sprintf("v%02d", i)
-		pr := mustPublish(t, f, "browse", v, map[string]string{"Idempotency-Key": "k" + v, "Mq-Attr-N": v})
+		pr := tc.MustPublish(t, f, "browse", v, map[string]string{"Idempotency-Key": "k" + v, "Mq-Attr-N": v})
 		want[fmt.Sprintf("%d/%d", pr.Partition, pr.Offset)] = v
 	}
 	// A group with a message in flight and one acked, so that a lease or a
 	// delivery counted by browsing would show in its figures.
-	msgs, _, err := l.Fetch(ctxFor(t, 15*time.Second), "browse", "g", tc.FetchRequest{Max: 2, LeaseMs: 600000})
+	msgs, _, err := l.Fetch(tc.CtxFor(t, 15*time.Second), "browse", "g", tc.FetchRequest{Max: 2, LeaseMs: 600000})
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("fetch: %v (%d messages)", err, len(msgs))
 	}
-	if _, _, err := l.Ack(ctxFor(t, 15*time.Second), "browse", "g", []string{msgs[0].Receipt}); err != nil {
+	if _, _, err := l.Ack(tc.CtxFor(t, 15*time.Second), "browse", "g", []string{msgs[0].Receipt}); err != nil {
 		t.Fatal(err)
 	}
 	// Acked by every group and at its partition's head, the message is
 	// trimmed (retention "until acked") by a raft entry of the leader's:
 	// wait for it, so that the entries counted below are browsing's only.
-	if _, err := pollStats(ctxFor(t, 30*time.Second), l, "browse", func(st tc.TopicStats) bool { return st.Messages == 24 }); err != nil {
+	if _, err := systest.PollStats(tc.CtxFor(t, 30*time.Second), l, "browse", func(st tc.TopicStats) bool { return st.Messages == 24 }); err != nil {
 		t.Fatalf("the acked head was not trimmed: %v", err)
 	}
 	delete(want, fmt.Sprintf("%d/%d", msgs[0].Partition, msgs[0].Offset))
-	waitApplied(t, c)
+	tc.WaitApplied(t, c)
 	before := viewOf(t, l, "browse")
 
 	// Every partition in turn, four messages a page.
@@ -142,16 +136,16 @@ func TestBrowseChangesNothing(t *testing.T) {
 		}
 	}
 	// mqd peek walks the same messages through the binary.
-	out := ok(t, f.URL(), "", "peek", "browse", "--count", "100", "--json")
+	out := systest.OK(t, f.URL(), "", "peek", "browse", "--count", "100", "--json")
 	if n := strings.Count(out, "\n"); n != 24 {
 		t.Errorf("mqd peek --count 100 --json printed %d lines, want 24:\n%s", n, out)
 	}
-	out = ok(t, f.URL(), "", "peek", "browse", "--partition", "1", "--offset", "1", "--count", "2")
+	out = systest.OK(t, f.URL(), "", "peek", "browse", "--partition", "1", "--offset", "1", "--count", "2")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.HasPrefix(lines[1], "1 ") {
 		t.Errorf("mqd peek --partition 1 --offset 1 --count 2:\n%s", out)
 	}
 	checkBrowseRefusals(t, f)
-	waitApplied(t, c)
+	tc.WaitApplied(t, c)
 	if after := viewOf(t, l, "browse"); !reflect.DeepEqual(before, after) {
 		t.Errorf("browsing changed the state:\nbefore %+v\nafter  %+v", before, after)
 	}
@@ -161,7 +155,7 @@ func checkBrowseRefusals(t *testing.T, n *tc.Node) {
 	t.Helper()
 	for _, q := range []string{"limit=0", "limit=1001", "partition=3", "partition=x", "offset=1", "partition=-1",
 		"offset=1x&partition=0", "stale=yes", "group=g", "limit=1&limit=2"} {
-		r, err := n.Do(ctxFor(t, 15*time.Second), "GET", "/v1/topics/browse/messages?"+q, nil, nil)
+		r, err := n.Do(tc.CtxFor(t, 15*time.Second), "GET", "/v1/topics/browse/messages?"+q, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,26 +163,24 @@ func checkBrowseRefusals(t *testing.T, n *tc.Node) {
 			t.Errorf("?%s: %d %s %v, want 400", q, r.Status, code, err)
 		}
 	}
-	r, err := n.Do(ctxFor(t, 15*time.Second), "GET", "/v1/topics/nosuch/messages", nil, nil)
+	r, err := n.Do(tc.CtxFor(t, 15*time.Second), "GET", "/v1/topics/nosuch/messages", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := r.CheckError(); r.Status != 404 || code != "topic_not_found" {
 		t.Errorf("unknown topic: %d %s", r.Status, code)
 	}
-	if r := runCLI(t, n.URL(), "", "peek", "browse", "--offset", "3"); r.code != 2 {
-		t.Errorf("mqd peek --offset without --partition: exit %d, want 2 (%s)", r.code, r.stderr)
+	if r := systest.RunCLI(t, n.URL(), "", "peek", "browse", "--offset", "3"); r.Code != 2 {
+		t.Errorf("mqd peek --offset without --partition: exit %d, want 2 (%s)", r.Code, r.Stderr)
 	}
 }
-
-var waitApplied = tc.WaitApplied
 
 // settled waits until the cluster's own start-up entries are written
 // (every member's addresses recorded, the state format raised), so that a
 // test can count the raft entries its requests write.
 func settled(t *testing.T, l *tc.Node) {
 	t.Helper()
-	_, err := waitView(ctxFor(t, 30*time.Second), l, "state format raised and every address", func(ci tc.ClusterInfo) bool {
+	_, err := tc.WaitView(tc.CtxFor(t, 30*time.Second), l, "state format raised and every address", func(ci tc.ClusterInfo) bool {
 		ok := ci.StateFormat == fsm.StateFormat && len(ci.Nodes) == 3
 		for _, n := range ci.Nodes {
 			ok = ok && n.HTTPAddr != ""

@@ -32,7 +32,7 @@ func TestClientPackage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxFor(t, 60*time.Second)
+	ctx := tc.CtxFor(t, 60*time.Second)
 	const topic = "client-pkg"
 	_, created, err := cl.PutTopic(ctx, topic, client.TopicConfig{"partitions": 2, "backoff_base_ms": 50,
 		"backoff_jitter_ms": 0, "max_retry": 3})
@@ -147,7 +147,7 @@ func TestClientPackage(t *testing.T) {
 func TestClientFailoverLeaderKill(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	l, fs := mustRoles(t, c)
+	l, fs := tc.MustRoles(t, c)
 	urls := []string{l.URL()} // the leader first: the client starts with it
 	for _, f := range fs {
 		urls = append(urls, f.URL())
@@ -156,7 +156,7 @@ func TestClientFailoverLeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxFor(t, 120*time.Second)
+	ctx := tc.CtxFor(t, 120*time.Second)
 	const topic, total, workers = "failover", 400, 8
 	if _, _, err := cl.PutTopic(ctx, topic, client.TopicConfig{"partitions": 3}); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -17,11 +19,11 @@ import (
 // follower), and every message stored once (the leader counts them).
 func TestCoalescedForwardThroughFollower(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx)
-	ctx := ctxFor(t, 60*time.Second)
-	leader, followers := mustRoles(t, c)
-	mustTopic(t, leader, "orders", nil)
+	fx := tc.AuthTokens(t, systest.AuthRoles)
+	c := tc.StartAuth(t, 3, fx)
+	ctx := tc.CtxFor(t, 60*time.Second)
+	leader, followers := tc.MustRoles(t, c)
+	tc.MustTopic(t, leader, "orders", nil)
 	coalescedPublishes(ctx, t, fx, followers[0], leader, "orders", 40)
 }
 
@@ -31,17 +33,17 @@ func TestCoalescedForwardThroughFollower(t *testing.T) {
 // through a follower of the default group.
 func TestCoalescedForwardDataGroup(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, authRoles)
-	c := startAuthCluster(t, 3, fx, tc.WithFlags("--data-groups"))
-	ctx := ctxFor(t, 90*time.Second)
-	metaLeader, followers := mustRoles(t, c)
+	fx := tc.AuthTokens(t, systest.AuthRoles)
+	c := tc.StartAuth(t, 3, fx, tc.WithFlags("--data-groups"))
+	ctx := tc.CtxFor(t, 90*time.Second)
+	metaLeader, followers := tc.MustRoles(t, c)
 	const tp = "orders-dg"
-	mustTopic(t, metaLeader, tp, nil)
+	tc.MustTopic(t, metaLeader, tp, nil)
 	// Wait until the group is led by its preferred leader (the first of its
 	// replicas), to which it is handed soon after its creation.
 	var group, leaderID string
 	for {
-		g, l, reps, err := topicPlacement(ctx, metaLeader, tp)
+		g, l, reps, err := systest.TopicPlacement(ctx, metaLeader, tp)
 		if err == nil && g != "" && len(reps) == 3 && l == reps[0] {
 			group, leaderID = g, l
 			break
@@ -117,11 +119,11 @@ func coalescedPublishes(ctx context.Context, t *testing.T, fx *tc.AuthFixture, e
 	if r, err := other.Do(ctx, http.MethodPost, url, "x", nil); err != nil || r.Status != 403 {
 		t.Errorf("publish without publish:%s through %s: %v %+v, want 403", topic, entry, err, r)
 	}
-	sent, err := metricSample(ctx, entry, "mqd_forward_coalesced_commands_total")
+	sent, err := systest.MetricSample(ctx, entry, "mqd_forward_coalesced_commands_total")
 	if err != nil || sent != float64(n+1) {
 		t.Errorf("%s sent %v coalesced commands (%v), want %d", entry, sent, err, n+1)
 	}
-	stored, ok := metricValue(scrape(ctx, t, leader), "mqd_published_messages_total", map[string]string{"topic": topic})
+	stored, ok := systest.MetricValue(systest.Scrape(ctx, t, leader), "mqd_published_messages_total", map[string]string{"topic": topic})
 	if !ok || stored != float64(n) {
 		t.Errorf("leader %s counts %v messages stored in %s (found: %v), want %d", leader, stored, topic, ok, n)
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -31,28 +33,10 @@ func dialFrom(src string, n *tc.Node) (*net.TCPConn, error) {
 	return c.(*net.TCPConn), nil
 }
 
-// metricSample reads one sample of n's /metrics: the line that starts with
-// series (name and labels, as printed). Absent: 0.
-func metricSample(ctx context.Context, n *tc.Node, series string) (float64, error) {
-	r, err := n.Do(ctx, http.MethodGet, "/metrics", nil, nil)
-	if err != nil {
-		return 0, err
-	}
-	if err := r.Expect(http.StatusOK); err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(r.Body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, nil
-}
-
 // waitSeries polls series on n until ok accepts its value or ctx ends.
 func waitSeries(ctx context.Context, n *tc.Node, series string, ok func(float64) bool) (float64, error) {
 	for {
-		v, err := metricSample(ctx, n, series)
+		v, err := systest.MetricSample(ctx, n, series)
 		if err == nil && ok(v) {
 			return v, nil
 		}
@@ -81,7 +65,7 @@ func firstAnswer(c net.Conn, d time.Duration) (status string, closed bool) {
 func timedPublish(t *testing.T, n *tc.Node, topic, payload string, bound time.Duration) {
 	t.Helper()
 	start := time.Now()
-	if _, _, err := n.Publish(ctxFor(t, bound), topic, []byte(payload), nil); err != nil {
+	if _, _, err := n.Publish(tc.CtxFor(t, bound), topic, []byte(payload), nil); err != nil {
 		t.Errorf("publish %q via %s: %v", payload, n, err)
 	} else if d := time.Since(start); d > bound {
 		t.Errorf("publish %q via %s took %v (bound %v)", payload, n, d, bound)
@@ -99,7 +83,7 @@ func TestConnectionLimits(t *testing.T) {
 	c := tc.Start(t, 1, tc.WithFlags("--max-connections", "300", "--max-connections-per-ip", "100",
 		"--http-read-timeout", "2s", "--http-idle-timeout", "2s"))
 	n := c.Node(0)
-	mustTopic(t, n, "conns", nil)
+	tc.MustTopic(t, n, "conns", nil)
 	var conns []*net.TCPConn
 	defer func() {
 		for _, c := range conns {
@@ -131,8 +115,8 @@ func TestConnectionLimits(t *testing.T) {
 	if refused != 50 {
 		t.Errorf("connections 101..150 from one address: %d answered 429, want 50", refused)
 	}
-	ctx := ctxFor(t, 30*time.Second)
-	if v, err := metricSample(ctx, n, `mqd_http_connections_rejected_total{reason="per_ip"}`); err != nil || v != 50 {
+	ctx := tc.CtxFor(t, 30*time.Second)
+	if v, err := systest.MetricSample(ctx, n, `mqd_http_connections_rejected_total{reason="per_ip"}`); err != nil || v != 50 {
 		t.Errorf("mqd_http_connections_rejected_total{per_ip} = %v, %v; want 50", v, err)
 	}
 
@@ -141,8 +125,8 @@ func TestConnectionLimits(t *testing.T) {
 	for i := 3; i <= 7; i++ {
 		more = append(more, open(fmt.Sprintf("127.0.0.%d", i), 100)...)
 	}
-	// (A scrape may itself be refused while the node is full: waitMetric retries.)
-	if _, err := waitSeries(ctxFor(t, 5*time.Second), n, `mqd_http_connections_rejected_total{reason="total"}`,
+	// (A scrape may itself be refused while the node is full: WaitMetric retries.)
+	if _, err := waitSeries(tc.CtxFor(t, 5*time.Second), n, `mqd_http_connections_rejected_total{reason="total"}`,
 		func(v float64) bool { return v >= 250 }); err != nil {
 		t.Errorf("connections refused over the total of 300 (650 opened): %v; want ≥ 250", err)
 	}
@@ -230,7 +214,7 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	}
 	c := tc.Start(t, 1, tc.WithFlags("--http-read-timeout", "2s"))
 	n := c.Node(0)
-	mustTopic(t, n, "emfile", nil)
+	tc.MustTopic(t, n, "emfile", nil)
 	// Leave the node ~100 descriptors above what it uses now.
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.PID()))
 	if err != nil {
@@ -248,7 +232,7 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := tc.CtxFor(t, 30*time.Second)
 	if v, err := waitSeries(ctx, n, "mqd_http_accept_errors_total", func(v float64) bool { return v > 0 }); err != nil {
 		// The scrape itself needs a descriptor: it may only get one once
 		// the idle connections are cut (2 s).
@@ -320,12 +304,12 @@ func TestLongPollsThroughFollower(t *testing.T) {
 	t.Parallel()
 	const polls = 2000
 	c := tc.Start(t, 3, tc.WithFlags("--forward-connections", "16", "--max-connections-per-ip", "5000"))
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f := fs[0]
-	mustTopic(t, leader, "lp", nil)
-	mustTopic(t, leader, "other", nil)
+	tc.MustTopic(t, leader, "lp", nil)
+	tc.MustTopic(t, leader, "other", nil)
 	// The group exists first, so that the polls have nothing to create.
-	if r, err := leader.Do(ctxFor(t, 10*time.Second), "PUT", "/v1/topics/lp/groups/g", nil, nil); err != nil || r.Status/100 != 2 {
+	if r, err := leader.Do(tc.CtxFor(t, 10*time.Second), "PUT", "/v1/topics/lp/groups/g", nil, nil); err != nil || r.Status/100 != 2 {
 		t.Fatalf("create group: %v %v", r, err)
 	}
 	rssBefore, _ := vmRSS(f.PID())
@@ -342,14 +326,14 @@ func TestLongPollsThroughFollower(t *testing.T) {
 		}
 		ps = append(ps, p)
 	}
-	ctx := ctxFor(t, 60*time.Second)
-	if _, err := waitSeries(ctxFor(t, 20*time.Second), f, "mqd_fetch_waiting", func(v float64) bool { return v >= polls }); err != nil {
+	ctx := tc.CtxFor(t, 60*time.Second)
+	if _, err := waitSeries(tc.CtxFor(t, 20*time.Second), f, "mqd_fetch_waiting", func(v float64) bool { return v >= polls }); err != nil {
 		t.Errorf("polls parked on the follower: %v", err)
 	}
 	rss, _ := vmRSS(f.PID())
 	t.Logf("follower RSS %d MiB before, %d MiB with %d parked polls (%.1f KiB each)",
 		rssBefore>>20, rss>>20, polls, float64(rss-rssBefore)/polls/1024)
-	if v, _ := metricSample(ctx, leader, "mqd_fetch_waiting"); v != 0 {
+	if v, _ := systest.MetricSample(ctx, leader, "mqd_fetch_waiting"); v != 0 {
 		t.Errorf("%v polls parked on the leader, want 0 (the follower waits locally)", v)
 	}
 
@@ -359,7 +343,7 @@ func TestLongPollsThroughFollower(t *testing.T) {
 	}
 	// Five messages to the polled topic wake five polls with a message each.
 	for i := range 5 {
-		mustPublish(t, leader, "lp", fmt.Sprintf("m%d", i), nil)
+		tc.MustPublish(t, leader, "lp", fmt.Sprintf("m%d", i), nil)
 	}
 	got, answered, deadline := 0, make([]bool, len(ps)), time.After(10*time.Second)
 	var bad []string
@@ -375,7 +359,7 @@ wait:
 				if strings.HasPrefix(a, "200 ") && strings.Contains(a, `"receipt"`) {
 					got++
 				} else {
-					bad = append(bad, shorten(a))
+					bad = append(bad, systest.Shorten(a))
 				}
 			default:
 			}
@@ -398,7 +382,7 @@ wait:
 		}
 		ps = append(ps, p)
 	}
-	if _, err := waitSeries(ctxFor(t, 10*time.Second), leader, "mqd_fetch_waiting", func(v float64) bool { return v == 100 }); err != nil {
+	if _, err := waitSeries(tc.CtxFor(t, 10*time.Second), leader, "mqd_fetch_waiting", func(v float64) bool { return v == 100 }); err != nil {
 		t.Errorf("polls parked on the leader: %v", err)
 	}
 
@@ -406,11 +390,11 @@ wait:
 	for _, p := range ps {
 		p.c.Close()
 	}
-	if _, err := waitSeries(ctxFor(t, 5*time.Second), leader, "mqd_fetch_waiting", func(v float64) bool { return v == 0 }); err != nil {
+	if _, err := waitSeries(tc.CtxFor(t, 5*time.Second), leader, "mqd_fetch_waiting", func(v float64) bool { return v == 0 }); err != nil {
 		t.Errorf("polls still parked on the leader after their clients disconnected: %v", err)
 	}
 	start := time.Now()
-	if _, err := waitSeries(ctxFor(t, 5*time.Second), f, "mqd_fetch_waiting", func(v float64) bool { return v == 0 }); err != nil {
+	if _, err := waitSeries(tc.CtxFor(t, 5*time.Second), f, "mqd_fetch_waiting", func(v float64) bool { return v == 0 }); err != nil {
 		t.Errorf("polls still parked after their clients disconnected: %v", err)
 	}
 	t.Logf("%d abandoned polls released in %v", polls-5, time.Since(start))

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -46,21 +48,21 @@ func TestDedup(t *testing.T) {
 func TestDedupRepeatOverLoweredMax(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
-	leader := mustLeader(t, c)
-	ctx := ctxFor(t, 30*time.Second)
-	if _, err := waitView(ctx, leader, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
+	leader := tc.MustLeader(t, c)
+	ctx := tc.CtxFor(t, 30*time.Second)
+	if _, err := tc.WaitView(ctx, leader, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	const topic = "dedup-lowered-max"
-	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 5})
+	tc.MustTopic(t, leader, topic, map[string]any{"max_message_bytes": 5})
 	n := c.Live()[len(c.Live())-1]
-	first := mustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"})
-	prod := mustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"})
-	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 2})
-	if again := mustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"}); !again.Duplicate || again.Offset != first.Offset || again.Partition != first.Partition {
+	first := tc.MustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"})
+	prod := tc.MustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"})
+	tc.MustTopic(t, leader, topic, map[string]any{"max_message_bytes": 2})
+	if again := tc.MustPublish(t, n, topic, "abcd", map[string]string{"Idempotency-Key": "K"}); !again.Duplicate || again.Offset != first.Offset || again.Partition != first.Partition {
 		t.Errorf("repeat of K over the lowered max: %+v, want a duplicate of %+v", again, first)
 	}
-	if again := mustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"}); !again.Duplicate || again.Offset != prod.Offset {
+	if again := tc.MustPublish(t, n, topic, "efgh", map[string]string{"Mq-Producer-Id": "p", "Mq-Producer-Seq": "0"}); !again.Duplicate || again.Offset != prod.Offset {
 		t.Errorf("repeat of producer seq 0 over the lowered max: %+v, want a duplicate of %+v", again, prod)
 	}
 	r, err := n.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/messages:batch", map[string]any{"messages": []map[string]any{{"value": "abcd", "idempotency_key": "K"}}}, nil)
@@ -70,7 +72,7 @@ func TestDedupRepeatOverLoweredMax(t *testing.T) {
 	// New messages over the max are refused before raft: no command
 	// goes through the group commit (the only writer here).
 	commits := func() float64 {
-		v, _ := metricValue(scrape(ctx, t, leader), "mqd_batch_commands", nil)
+		v, _ := systest.MetricValue(systest.Scrape(ctx, t, leader), "mqd_batch_commands", nil)
 		return v
 	}
 	before := commits()
@@ -118,7 +120,7 @@ func (a pubAnswer) String() string {
 	if a.err != nil {
 		return "no answer: " + a.err.Error()
 	}
-	return fmt.Sprintf("%d %s", a.status, shorten(a.body))
+	return fmt.Sprintf("%d %s", a.status, systest.Shorten(a.body))
 }
 
 // created reports a 201 with duplicate:false.
@@ -213,7 +215,7 @@ func ensureUp(t *testing.T, c *tc.Cluster) {
 			n.Restart()
 		}
 	}
-	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("cluster not ready: %v", err)
 	}
 }
@@ -247,7 +249,7 @@ func fetchAny(ctx context.Context, nodes []*tc.Node, topic, group string, req tc
 			return msgs, nil
 		}
 		last = err
-		if !retryable(err) {
+		if !tc.Retryable(err) {
 			return nil, err
 		}
 		select {
@@ -280,7 +282,7 @@ func receiptOp(ctx context.Context, nodes []*tc.Node, op, topic, group, receipt 
 				return "", err
 			}
 			if len(rr.Results) != 1 {
-				return "", fmt.Errorf("%s via %s: %d results for 1 receipt: %s", op, n, len(rr.Results), shorten(string(r.Body)))
+				return "", fmt.Errorf("%s via %s: %d results for 1 receipt: %s", op, n, len(rr.Results), systest.Shorten(string(r.Body)))
 			}
 			st := rr.Results[0].Status
 			if st == "stale" && unknown {
@@ -376,7 +378,7 @@ func withoutKey(msgs []tc.Message, key string) []tc.Message {
 
 // groupStats polls the topic's stats until group g satisfies ok (bounded).
 func groupStats(t testing.TB, n *tc.Node, topic, group string, d time.Duration, ok func(tc.GroupStats) bool) (tc.GroupStats, error) {
-	s, err := pollStats(ctxFor(t, d), n, topic, func(s tc.TopicStats) bool {
+	s, err := systest.PollStats(tc.CtxFor(t, d), n, topic, func(s tc.TopicStats) bool {
 		g, found := s.Groups[group]
 		return found && ok(g)
 	})
@@ -415,7 +417,7 @@ func sameKeyTwice(t *testing.T, n *tc.Node, topic, key string, window time.Durat
 	for _, o := range after {
 		mustCreated(t, n, topic, o, keyHdr(o))
 	}
-	if _, err := n.PutTopic(ctxFor(t, 15*time.Second), topic, map[string]any{"dedup_window_ms": 600000}); err != nil {
+	if _, err := n.PutTopic(tc.CtxFor(t, 15*time.Second), topic, map[string]any{"dedup_window_ms": 600000}); err != nil {
 		t.Fatalf("raise dedup_window_ms of %s: %v", topic, err)
 	}
 	return k1, k2
@@ -430,8 +432,8 @@ func testDedupRacing(t *testing.T, c *tc.Cluster) {
 	const topic = "dd-race"
 	const keys, racers, parts = 50, 30, 3
 	nodes := c.Nodes()
-	mustTopic(t, nodes[0], topic, map[string]any{"partitions": parts})
-	ctx := ctxFor(t, 90*time.Second)
+	tc.MustTopic(t, nodes[0], topic, map[string]any{"partitions": parts})
+	ctx := tc.CtxFor(t, 90*time.Second)
 	cl := tc.NewClient(15*time.Second, racers)
 
 	type answer struct {
@@ -499,19 +501,19 @@ func testDedupRacing(t *testing.T, c *tc.Cluster) {
 		}
 	}
 
-	s, err := pollStats(ctxFor(t, 10*time.Second), nodes[1], topic, func(s tc.TopicStats) bool {
+	s, err := systest.PollStats(tc.CtxFor(t, 10*time.Second), nodes[1], topic, func(s tc.TopicStats) bool {
 		return s.Messages == keys && s.NextOffsets() == keys
 	})
 	if err != nil {
 		t.Errorf("after racing publishes of %d keys: stats messages %d, next offsets sum %d; want %d (%v)", keys, s.Messages, s.NextOffsets(), keys, err)
 	}
-	msgs, err := drain(ctx, nodes[2], topic, "race-audit", time.Second)
+	msgs, err := tc.Drain(ctx, nodes[2], topic, "race-audit", time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := distinctByPosition(msgs)
+	stored := systest.DistinctByPosition(msgs)
 	count := map[string]int{}
-	for i, v := range values(t, stored) {
+	for i, v := range systest.Values(t, stored) {
 		m := stored[i]
 		count[m.IdempotencyKey]++
 		if want, ok := creatorPayload[m.IdempotencyKey]; ok && v != want {
@@ -540,13 +542,13 @@ func testDedupRacing(t *testing.T, c *tc.Cluster) {
 // exactly once.
 func testDedupLeaderKill(t *testing.T, c *tc.Cluster) {
 	ensureUp(t, c)
-	leader := mustLeader(t, c)
+	leader := tc.MustLeader(t, c)
 	const topic = "dd-kill"
 	const workers = 6
-	mustTopic(t, leader, topic, map[string]any{"partitions": 3})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 3})
 	nodes := c.Nodes()
 	cl := tc.NewClient(3*time.Second, 16)
-	ctx := ctxFor(t, 120*time.Second)
+	ctx := tc.CtxFor(t, 120*time.Second)
 
 	type keyRec struct {
 		ok        bool
@@ -658,11 +660,11 @@ func testDedupLeaderKill(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("publishes acknowledged before the kill: %d, after: %d; want some of each", before, after)
 	}
 
-	nl := mustLeader(t, c)
+	nl := tc.MustLeader(t, c)
 	if nl == leader {
 		t.Fatalf("killed node %s still named leader", leader)
 	}
-	s, err := pollStats(ctxFor(t, 15*time.Second), nl, topic, func(s tc.TopicStats) bool {
+	s, err := systest.PollStats(tc.CtxFor(t, 15*time.Second), nl, topic, func(s tc.TopicStats) bool {
 		return s.Messages == int64(len(recs)) && s.NextOffsets() == int64(len(recs))
 	})
 	if err != nil {
@@ -674,15 +676,15 @@ func testDedupLeaderKill(t *testing.T, c *tc.Cluster) {
 			via = n
 		}
 	}
-	msgs, err := drain(ctx, via, topic, "kill-audit", 2*time.Second)
+	msgs, err := tc.Drain(ctx, via, topic, "kill-audit", 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := distinctByPosition(msgs)
+	stored := systest.DistinctByPosition(msgs)
 	report := capErrors(t, 15)
 	defer report.done()
 	count := map[string]int{}
-	for i, v := range values(t, stored) {
+	for i, v := range systest.Values(t, stored) {
 		m := stored[i]
 		if v != m.IdempotencyKey {
 			report.errorf("message %d@%d: payload %q but idempotency_key %q", m.Partition, m.Offset, v, m.IdempotencyKey)
@@ -704,15 +706,15 @@ func testDedupLeaderKill(t *testing.T, c *tc.Cluster) {
 		}
 	}
 	if len(missing) > 0 {
-		t.Errorf("LOST: %d acknowledged keys never consumed: %s", len(missing), sample(missing))
+		t.Errorf("LOST: %d acknowledged keys never consumed: %s", len(missing), systest.Sample(missing))
 	}
 	if len(twice) > 0 {
-		t.Errorf("DUPLICATED: %d keys stored more than once despite retrying with the same Idempotency-Key: %s", len(twice), sample(twice))
+		t.Errorf("DUPLICATED: %d keys stored more than once despite retrying with the same Idempotency-Key: %s", len(twice), systest.Sample(twice))
 	}
 	t.Logf("consumed %d distinct messages (%d deliveries) for %d keys", len(stored), len(msgs), len(recs))
 
 	leader.Restart()
-	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("cluster not ready after restarting %s: %v", leader, err)
 	}
 }
@@ -720,10 +722,10 @@ func testDedupLeaderKill(t *testing.T, c *tc.Cluster) {
 // ---- 3. producer sequences ----
 
 func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f, f2 := fs[0], fs[len(fs)-1]
 	const topic = "dd-producer"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
 
 	var placed [5]tc.PublishResult
 	for seq := range 3 {
@@ -776,7 +778,7 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 		for _, v := range vals {
 			msgs = append(msgs, map[string]any{"value": v})
 		}
-		r, err := n.Do(ctxFor(t, 15*time.Second), http.MethodPost, "/v1/topics/"+topic+"/messages:batch",
+		r, err := n.Do(tc.CtxFor(t, 15*time.Second), http.MethodPost, "/v1/topics/"+topic+"/messages:batch",
 			map[string]any{"messages": msgs}, prodHdr("b", seq))
 		if err != nil {
 			t.Fatalf("batch via %s: %v", n, err)
@@ -791,7 +793,7 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 	}
 	r, b1 := batch(f, 10, "b10", "b11", "b12")
 	if r.Status != http.StatusOK || len(b1.Results) != 3 {
-		t.Fatalf("batch of 3 from producer b at seq 10 via %s: %d %s; want 200 with 3 results", f, r.Status, shorten(string(r.Body)))
+		t.Fatalf("batch of 3 from producer b at seq 10 via %s: %d %s; want 200 with 3 results", f, r.Status, systest.Shorten(string(r.Body)))
 	}
 	for i, res := range b1.Results {
 		if res.Duplicate {
@@ -803,7 +805,7 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 	mustDup(t, leader, topic, "b12 again", prodHdr("b", 12), b1.Results[2])
 	r, b2 := batch(f2, 10, "b10", "b11", "b12")
 	if r.Status != http.StatusOK || len(b2.Results) != 3 {
-		t.Fatalf("repeat of the batch at seq 10 via %s: %d %s; want 200 with 3 results", f2, r.Status, shorten(string(r.Body)))
+		t.Fatalf("repeat of the batch at seq 10 via %s: %d %s; want 200 with 3 results", f2, r.Status, systest.Shorten(string(r.Body)))
 	}
 	for i, res := range b2.Results {
 		if !res.Duplicate || !samePlace(res, b1.Results[i]) {
@@ -813,20 +815,20 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 	r, _ = batch(leader, 20, "b20", "b21")
 	if code, _ := r.CheckError(); r.Status != http.StatusConflict || code != "sequence_gap" || r.Header.Get("Mq-Expected-Seq") != "14" {
 		t.Errorf("batch from producer b at seq 20 (last stored 13): %d %s, Mq-Expected-Seq %q; want 409 sequence_gap with Mq-Expected-Seq 14",
-			r.Status, shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
+			r.Status, systest.Shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
 	}
 	// A batch that repeats stored sequences and adds new ones says so
 	// (not "gap"), stores nothing, and names the next expected sequence.
 	r, _ = batch(f2, 12, "b12", "b13", "b14")
 	if code, _ := r.CheckError(); r.Status != http.StatusConflict || code != "sequence_overlap" || r.Header.Get("Mq-Expected-Seq") != "14" {
 		t.Errorf("batch from producer b at seq 12..14 (last stored 13): %d %s, Mq-Expected-Seq %q; want 409 sequence_overlap with Mq-Expected-Seq 14",
-			r.Status, shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
+			r.Status, systest.Shorten(string(r.Body)), r.Header.Get("Mq-Expected-Seq"))
 	}
 	mustCreated(t, f, topic, "b14", prodHdr("b", 14))
 
 	// Stored: p 0..5 (6), q 100 (1), b 10..14 (5).
 	const want = 12
-	if s, err := pollStats(ctxFor(t, 10*time.Second), f, topic, func(s tc.TopicStats) bool {
+	if s, err := systest.PollStats(tc.CtxFor(t, 10*time.Second), f, topic, func(s tc.TopicStats) bool {
 		return s.Messages == want && s.NextOffsets() == want
 	}); err != nil {
 		t.Errorf("stats: messages %d, next offsets sum %d; want %d (repeats and gaps store nothing) (%v)", s.Messages, s.NextOffsets(), want, err)
@@ -838,9 +840,9 @@ func testDedupProducerSeq(t *testing.T, c *tc.Cluster) {
 // Each message of a batch is deduplicated on its own, against stored keys
 // and against earlier messages of the same batch.
 func testDedupBatchKeys(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic = "dd-batch"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
 	p1 := mustCreated(t, leader, topic, "one", keyHdr("bk-1"))
 	body := map[string]any{"messages": []map[string]any{
 		{"value": "one again", "idempotency_key": "bk-1"},
@@ -853,13 +855,13 @@ func testDedupBatchKeys(t *testing.T, c *tc.Cluster) {
 	}
 	send := func(n *tc.Node) batchAnswer {
 		t.Helper()
-		r, err := n.Do(ctxFor(t, 15*time.Second), http.MethodPost, "/v1/topics/"+topic+"/messages:batch", body, nil)
+		r, err := n.Do(tc.CtxFor(t, 15*time.Second), http.MethodPost, "/v1/topics/"+topic+"/messages:batch", body, nil)
 		if err != nil {
 			t.Fatalf("batch via %s: %v", n, err)
 		}
 		var ba batchAnswer
 		if r.Status != http.StatusOK || r.JSON(&ba) != nil || len(ba.Results) != 4 {
-			t.Fatalf("batch via %s: %d %s; want 200 with 4 results", n, r.Status, shorten(string(r.Body)))
+			t.Fatalf("batch via %s: %d %s; want 200 with 4 results", n, r.Status, systest.Shorten(string(r.Body)))
 		}
 		return ba
 	}
@@ -889,7 +891,7 @@ func testDedupBatchKeys(t *testing.T, c *tc.Cluster) {
 		t.Errorf("repeated batch msg 3 (no key): %+v; want a new message", b2[3])
 	}
 	mustDup(t, fs[0], topic, "two once more", keyHdr("bk-2"), b[1])
-	if s, err := pollStats(ctxFor(t, 10*time.Second), leader, topic, func(s tc.TopicStats) bool { return s.Messages == 4 }); err != nil {
+	if s, err := systest.PollStats(tc.CtxFor(t, 10*time.Second), leader, topic, func(s tc.TopicStats) bool { return s.Messages == 4 }); err != nil {
 		t.Errorf("stats: messages %d; want 4 (bk-1, bk-2 and two without key) (%v)", s.Messages, err)
 	}
 }
@@ -899,7 +901,7 @@ func testDedupBatchKeys(t *testing.T, c *tc.Cluster) {
 // A key whose dedup window has passed is new again; the window counts from
 // the first publish (repeats do not extend it).
 func testDedupWindowExpiry(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	// dupWithin is mustDup for a repeat that must land inside a short
 	// window counted from since (before the original was sent): on a
 	// machine so slow that it did not, the test is skipped, not failed.
@@ -916,7 +918,7 @@ func testDedupWindowExpiry(t *testing.T, c *tc.Cluster) {
 			key, n, time.Since(since).Round(time.Millisecond), window.Milliseconds(), a, place(want))
 	}
 	const topic = "dd-window"
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
 	firstStart := time.Now()
 	first := mustCreated(t, fs[0], topic, "K first", keyHdr("K"))
 	firstDone := time.Now()
@@ -928,7 +930,7 @@ func testDedupWindowExpiry(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("publish of K 2.5 s after the first (dedup_window_ms 1500): %v; want 201 with a new offset (first was at %s)", a, place(first))
 	}
 	dupWithin(fs[0], topic, "K again after the window", "K", a.res, secondStart, 1500*time.Millisecond)
-	if s, err := pollStats(ctxFor(t, 10*time.Second), leader, topic, func(s tc.TopicStats) bool { return s.Messages == 2 }); err != nil {
+	if s, err := systest.PollStats(tc.CtxFor(t, 10*time.Second), leader, topic, func(s tc.TopicStats) bool { return s.Messages == 2 }); err != nil {
 		t.Errorf("stats: messages %d; want 2 (%v)", s.Messages, err)
 	}
 
@@ -936,7 +938,7 @@ func testDedupWindowExpiry(t *testing.T, c *tc.Cluster) {
 	// T+1.5 s is a duplicate; a publish sent after T+3.3 s is new, though
 	// it is within 3 s of the repeat.
 	const topic2 = "dd-window-ext"
-	mustTopic(t, leader, topic2, map[string]any{"dedup_window_ms": 3000})
+	tc.MustTopic(t, leader, topic2, map[string]any{"dedup_window_ms": 3000})
 	e1Start := time.Now()
 	e1 := mustCreated(t, leader, topic2, "E first", keyHdr("E"))
 	t0 := time.Now()
@@ -954,11 +956,11 @@ func testDedupWindowExpiry(t *testing.T, c *tc.Cluster) {
 // ---- 5. consumer-group idempotency: acked key skipped ----
 
 func testDedupGroupAckedSkipped(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f := fs[0]
 	const topic, key = "dd-group-skip", "order-7"
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
-	ctx := ctxFor(t, 40*time.Second)
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
+	ctx := tc.CtxFor(t, 40*time.Second)
 	// g2 exists from the start, so that retention keeps what g1 acks.
 	if r, err := leader.Do(ctx, http.MethodPut, "/v1/topics/"+topic+"/groups/g2", map[string]any{}, nil); err != nil || r.Status/100 != 2 {
 		t.Fatalf("PUT group g2: %v %v", r, err)
@@ -987,7 +989,7 @@ func testDedupGroupAckedSkipped(t *testing.T, c *tc.Cluster) {
 			break
 		}
 		rest = append(rest, got...)
-		if err := ackAll(ctx, f, topic, "g1", got); err != nil {
+		if err := tc.AckAll(ctx, f, topic, "g1", got); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1018,10 +1020,10 @@ func testDedupGroupAckedSkipped(t *testing.T, c *tc.Cluster) {
 // ---- 6. consumer-group idempotency: same key held while leased ----
 
 func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f := fs[0]
 	const topic, key, group = "dd-group-held", "invoice-42", "g"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2, "dedup_window_ms": 1500,
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2, "dedup_window_ms": 1500,
 		"backoff_base_ms": 0, "backoff_jitter_ms": 0, "max_retry": 50})
 	// The two K on different partitions.
 	k1, k2 := sameKeyTwice(t, leader, topic, key, 1500*time.Millisecond,
@@ -1030,7 +1032,7 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 	if k1.Partition == k2.Partition {
 		t.Fatalf("the two %q landed on one partition (%s, %s); want different partitions via Mq-Partition-Key", key, place(k1), place(k2))
 	}
-	ctx := ctxFor(t, 50*time.Second)
+	ctx := tc.CtxFor(t, 50*time.Second)
 	nodes := []*tc.Node{f, leader}
 
 	// Fetch everything: the six others and exactly one K.
@@ -1040,7 +1042,7 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("fetching everything: got %s; want the six others and exactly one %q (the other held while it is leased)", keysOf(all), key)
 	}
 	held := ks[0]
-	if err := ackAll(ctx, f, topic, group, withoutKey(all, key)); err != nil {
+	if err := tc.AckAll(ctx, f, topic, group, withoutKey(all, key)); err != nil {
 		t.Fatal(err)
 	}
 	if g, err := groupStats(t, leader, topic, group, 10*time.Second, func(g tc.GroupStats) bool {
@@ -1100,12 +1102,12 @@ func testDedupGroupHeld(t *testing.T, c *tc.Cluster) {
 // ---- DLQ replay of an already processed key ----
 
 func testDedupGroupDLQReplay(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f := fs[0]
 	const topic, key, group = "dd-group-dlq", "refund-9", "g"
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500, "backoff_base_ms": 0, "backoff_jitter_ms": 0})
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500, "backoff_base_ms": 0, "backoff_jitter_ms": 0})
 	k1, k2 := sameKeyTwice(t, leader, topic, key, 1500*time.Millisecond, nil, nil, nil, nil)
-	ctx := ctxFor(t, 40*time.Second)
+	ctx := tc.CtxFor(t, 40*time.Second)
 	nodes := []*tc.Node{f, leader}
 
 	got, err := fetchAny(ctx, nodes, topic, group, tc.FetchRequest{Max: 10, WaitMs: 2000, LeaseMs: 30000})
@@ -1137,7 +1139,7 @@ func testDedupGroupDLQReplay(t *testing.T, c *tc.Cluster) {
 		DeadLetters []json.RawMessage `json:"dead_letters"`
 	}
 	if err := r.JSON(&dl); err != nil || len(dl.DeadLetters) != 1 {
-		t.Fatalf("DLQ for key %q: %s (%v); want one dead letter", key, shorten(string(r.Body)), err)
+		t.Fatalf("DLQ for key %q: %s (%v); want one dead letter", key, systest.Shorten(string(r.Body)), err)
 	}
 	r, err = f.Do(ctx, http.MethodPost, "/v1/topics/"+topic+"/groups/"+group+"/dlq/replay", map[string]any{"all": true}, nil)
 	if err != nil || r.Status != http.StatusOK {
@@ -1159,11 +1161,11 @@ func testDedupGroupDLQReplay(t *testing.T, c *tc.Cluster) {
 
 func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	ensureUp(t, c)
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, key, group = "dd-fo-group", "payment-3", "g"
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
 	k1, k2 := sameKeyTwice(t, leader, topic, key, 1500*time.Millisecond, nil, nil, []string{"fo-1"}, []string{"fo-2"})
-	ctx := ctxFor(t, 90*time.Second)
+	ctx := tc.CtxFor(t, 90*time.Second)
 
 	all := fetchUntilOthers(ctx, t, fs, topic, group, key, 2, 20000)
 	ks := withKey(all, key)
@@ -1172,12 +1174,12 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	}
 	leased := ks[0]
 	leasedAt := time.Now()
-	if err := ackAll(ctx, fs[0], topic, group, withoutKey(all, key)); err != nil {
+	if err := tc.AckAll(ctx, fs[0], topic, group, withoutKey(all, key)); err != nil {
 		t.Fatal(err)
 	}
 
 	leader.Kill()
-	nl := mustLeader(t, c)
+	nl := tc.MustLeader(t, c)
 	if nl == leader {
 		t.Fatalf("killed %s still named leader", leader)
 	}
@@ -1199,7 +1201,7 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 	}
 
 	leader.Restart()
-	if _, err := c.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("cluster not ready after restarting %s: %v", leader, err)
 	}
 	fetchNothing(ctx, t, []*tc.Node{leader}, topic, group, tc.FetchRequest{Max: 10, WaitMs: 1000, LeaseMs: 20000},
@@ -1210,13 +1212,13 @@ func testDedupGroupFailover(t *testing.T, c *tc.Cluster) {
 
 func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 	ensureUp(t, c)
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, filler, ptopic = "dd-snap", "dd-snap-filler", "dd-snap-prod"
 	const total, workers = 300, 6
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
-	mustTopic(t, leader, filler, nil)
-	mustTopic(t, leader, ptopic, nil)
-	ctx := ctxFor(t, 150*time.Second)
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, filler, nil)
+	tc.MustTopic(t, leader, ptopic, nil)
+	ctx := tc.CtxFor(t, 150*time.Second)
 	nodes := c.Nodes()
 
 	var mu sync.Mutex
@@ -1259,7 +1261,7 @@ func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 		t.Fatal(err)
 	}
 	target := lci.AppliedIndex
-	snapCtx := ctxFor(t, 40*time.Second)
+	snapCtx := tc.CtxFor(t, 40*time.Second)
 	for i := 0; ; i++ {
 		done := true
 		var views []string
@@ -1289,12 +1291,12 @@ func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 	f.Kill()
 	f.Wipe()
 	f.Restart()
-	if err := f.WaitReady(ctxFor(t, 60*time.Second)); err != nil {
+	if err := f.WaitReady(tc.CtxFor(t, 60*time.Second)); err != nil {
 		t.Fatalf("wiped follower %s not ready: %v", f, err)
 	}
 	waitApplied := func(n *tc.Node, idx uint64) tc.ClusterInfo {
 		t.Helper()
-		wctx := ctxFor(t, 60*time.Second)
+		wctx := tc.CtxFor(t, 60*time.Second)
 		for {
 			ci, err := n.Cluster(wctx)
 			if err == nil && ci.AppliedIndex >= idx {
@@ -1335,7 +1337,7 @@ func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 	waitApplied(f, lci.CommitIndex)
 	leader.Kill()
 	o.Resume()
-	nl := mustLeader(t, c)
+	nl := tc.MustLeader(t, c)
 	if nl != f {
 		t.Logf("the wiped node %s did not become leader (%s did); the repeats below test forwarding only", f, nl)
 	} else {
@@ -1381,7 +1383,7 @@ func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 			t.Errorf("%s: %d of %d repeats wrong", when, k, total)
 		}
 		mustDup(t, via[0], ptopic, "ps 2 again", prodHdr("ps", 2), prod[2])
-		if s, err := pollStats(ctxFor(t, 10*time.Second), via[0], topic, func(s tc.TopicStats) bool { return s.Messages == total }); err != nil {
+		if s, err := systest.PollStats(tc.CtxFor(t, 10*time.Second), via[0], topic, func(s tc.TopicStats) bool { return s.Messages == total }); err != nil {
 			t.Errorf("%s: stats messages %d; want %d (%v)", when, s.Messages, total, err)
 		}
 	}
@@ -1394,7 +1396,7 @@ func testDedupSnapshot(t *testing.T, c *tc.Cluster) {
 	// SIGKILL every node and restart: the index is rebuilt from snapshot + log.
 	c.KillAll()
 	c.RestartAll()
-	nl, err = c.WaitReady(ctxFor(t, 60*time.Second))
+	nl, err = c.WaitReady(tc.CtxFor(t, 60*time.Second))
 	if err != nil {
 		t.Fatalf("cluster not ready after kill -9 of every node: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -19,7 +21,7 @@ import (
 // the 9 creations there answered 503 "leadership is changing".
 func TestFunctional(t *testing.T) {
 	t.Parallel()
-	groupVariants(t, functional)
+	systest.GroupVariants(t, functional)
 }
 
 func functional(t *testing.T, opts ...tc.Option) {
@@ -28,11 +30,11 @@ func functional(t *testing.T, opts ...tc.Option) {
 	t.Run("LeaseExpiry", func(t *testing.T) { t.Parallel(); testLeaseExpiry(t, c) })
 	t.Run("LongPoll", func(t *testing.T) { t.Parallel(); testLongPoll(t, c) })
 	t.Run("ConsumerGroups", func(t *testing.T) { t.Parallel(); testConsumerGroups(t, c) })
-	t.Run("BadInput", func(t *testing.T) { t.Parallel(); testBadInput(t, c) })
-	t.Run("BadInputRaw", func(t *testing.T) { t.Parallel(); testBadInputRaw(t, c) })
+	t.Run("BadInput", func(t *testing.T) { t.Parallel(); systest.CheckBadInput(t, c) })
+	t.Run("BadInputRaw", func(t *testing.T) { t.Parallel(); systest.CheckBadInputRaw(t, c) })
 	t.Run("Retention", func(t *testing.T) { t.Parallel(); testRetention(t, c) })
 	t.Run("TopicChanges", func(t *testing.T) { t.Parallel(); testTopicChanges(t, c) })
-	t.Run("FirstFetchCreatesGroup", func(t *testing.T) { t.Parallel(); testFirstFetchCreatesGroup(t, c) })
+	t.Run("FirstFetchCreatesGroup", func(t *testing.T) { t.Parallel(); systest.CheckFirstFetchCreatesGroup(t, c) })
 }
 
 // A topic's new configuration governs the very next publish (the leader
@@ -40,17 +42,17 @@ func functional(t *testing.T, opts ...tc.Option) {
 // once, a deleted and recreated topic starts over, a lower size limit
 // refuses what the old one took.
 func testTopicChanges(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic = "cfg-change"
-	mustTopic(t, leader, topic, nil)
+	tc.MustTopic(t, leader, topic, nil)
 	for _, n := range []*tc.Node{leader, fs[0]} {
-		mustPublish(t, n, topic, "before the change", nil)
+		tc.MustPublish(t, n, topic, "before the change", nil)
 	}
-	mustTopic(t, fs[0], topic, map[string]any{"partitions": 4})
+	tc.MustTopic(t, fs[0], topic, map[string]any{"partitions": 4})
 	for i := range 40 {
-		mustPublish(t, []*tc.Node{leader, fs[0]}[i%2], topic, fmt.Sprintf("after growing %d", i), nil)
+		tc.MustPublish(t, []*tc.Node{leader, fs[0]}[i%2], topic, fmt.Sprintf("after growing %d", i), nil)
 	}
-	ctx := ctxFor(t, 15*time.Second)
+	ctx := tc.CtxFor(t, 15*time.Second)
 	s, err := leader.Stats(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +69,8 @@ func testTopicChanges(t *testing.T, c *tc.Cluster) {
 	if r, err := leader.Do(ctx, http.MethodDelete, "/v1/topics/"+topic, nil, nil); err != nil || r.Status/100 != 2 {
 		t.Fatalf("delete %s: %v %v", topic, r, err)
 	}
-	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 10})
-	pr := mustPublish(t, fs[0], topic, "0123456789", nil)
+	tc.MustTopic(t, leader, topic, map[string]any{"max_message_bytes": 10})
+	pr := tc.MustPublish(t, fs[0], topic, "0123456789", nil)
 	if pr.Partition != 0 || pr.Offset != 0 {
 		t.Errorf("first publish to the recreated topic: %+v, want partition 0 offset 0", pr)
 	}
@@ -76,23 +78,23 @@ func testTopicChanges(t *testing.T, c *tc.Cluster) {
 	if err != nil || r.Status != http.StatusRequestEntityTooLarge {
 		t.Fatalf("11 bytes to a topic with max_message_bytes 10: %v %v, want 413", r, err)
 	}
-	mustTopic(t, leader, topic, map[string]any{"max_message_bytes": 20})
-	mustPublish(t, leader, topic, "0123456789A", nil)
+	tc.MustTopic(t, leader, topic, map[string]any{"max_message_bytes": 20})
+	tc.MustPublish(t, leader, topic, "0123456789A", nil)
 }
 
 // Publish through one follower, fetch and ack through the other; stats agree.
 func testPublishViaFollower(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	f1, f2 := fs[0], fs[1%len(fs)]
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := tc.CtxFor(t, 30*time.Second)
 	const topic = "via-follower"
-	mustTopic(t, f1, topic, nil)
+	tc.MustTopic(t, f1, topic, nil)
 
-	pr := mustPublish(t, f1, topic, "hello through a follower", map[string]string{"Mq-Attr-Color": "blue"})
+	pr := tc.MustPublish(t, f1, topic, "hello through a follower", map[string]string{"Mq-Attr-Color": "blue"})
 	if pr.Topic != topic || pr.Offset != 0 || pr.Duplicate {
 		t.Fatalf("publish via follower %s: got %+v, want topic %q offset 0 duplicate false", f1, pr, topic)
 	}
-	if _, err := pollStats(ctxFor(t, 5*time.Second), f1, topic, func(s tc.TopicStats) bool {
+	if _, err := systest.PollStats(tc.CtxFor(t, 5*time.Second), f1, topic, func(s tc.TopicStats) bool {
 		return s.Messages == 1 && s.NextOffsets() == 1 && s.Name == topic
 	}); err != nil {
 		t.Fatalf("stats after one publish: %v", err)
@@ -106,7 +108,7 @@ func testPublishViaFollower(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("fetch via %s: got %d messages, want 1", f2, len(msgs))
 	}
 	m := msgs[0]
-	if v := values(t, msgs)[0]; v != "hello through a follower" || m.Partition != pr.Partition || m.Offset != pr.Offset ||
+	if v := systest.Values(t, msgs)[0]; v != "hello through a follower" || m.Partition != pr.Partition || m.Offset != pr.Offset ||
 		m.RetryCount != 0 || m.Receipt == "" || m.Topic != topic {
 		t.Fatalf("fetched %+v (value %q), want the published message %+v with retry_count 0", m, v, pr)
 	}
@@ -120,7 +122,7 @@ func testPublishViaFollower(t *testing.T, c *tc.Cluster) {
 	if err != nil || len(res) != 1 || res[0].Status != "ok" {
 		t.Fatalf("ack via %s: %+v, %v; want one ok", f2, res, err)
 	}
-	if _, err := pollStats(ctxFor(t, 5*time.Second), leader, topic, func(s tc.TopicStats) bool {
+	if _, err := systest.PollStats(tc.CtxFor(t, 5*time.Second), leader, topic, func(s tc.TopicStats) bool {
 		g, ok := s.Groups["g1"]
 		return ok && g.Backlog == 0 && g.InFlight == 0 && s.NextOffsets() == 1
 	}); err != nil {
@@ -135,11 +137,11 @@ func testPublishViaFollower(t *testing.T, c *tc.Cluster) {
 // An unacked lease expires; the message comes back with retry_count 1 and the
 // old receipt is stale.
 func testLeaseExpiry(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
-	ctx := ctxFor(t, 30*time.Second)
+	leader, fs := tc.MustRoles(t, c)
+	ctx := tc.CtxFor(t, 30*time.Second)
 	const topic = "lease-expiry"
-	mustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 100, "backoff_jitter_ms": 0})
-	pr := mustPublish(t, fs[0], topic, "lease me", nil)
+	tc.MustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 100, "backoff_jitter_ms": 0})
+	pr := tc.MustPublish(t, fs[0], topic, "lease me", nil)
 
 	first, _, err := fs[0].Fetch(ctx, topic, "g", tc.FetchRequest{Max: 1, WaitMs: 2000, LeaseMs: 500})
 	if err != nil || len(first) != 1 {
@@ -183,11 +185,11 @@ func testLeaseExpiry(t *testing.T, c *tc.Cluster) {
 // A waiting fetch answers soon after a publish, through the leader and
 // through a follower; an empty long-poll waits about wait_ms.
 func testLongPoll(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic = "long-poll"
-	mustTopic(t, leader, topic, nil)
+	tc.MustTopic(t, leader, topic, nil)
 	for i, via := range []*tc.Node{leader, fs[0]} {
-		ctx := ctxFor(t, 20*time.Second)
+		ctx := tc.CtxFor(t, 20*time.Second)
 		type result struct {
 			msgs    []tc.Message
 			err     error
@@ -201,7 +203,7 @@ func testLongPoll(t *testing.T, c *tc.Cluster) {
 		}()
 		time.Sleep(500 * time.Millisecond)
 		payload := fmt.Sprintf("wake up %d", i)
-		mustPublish(t, fs[len(fs)-1], topic, payload, nil)
+		tc.MustPublish(t, fs[len(fs)-1], topic, payload, nil)
 		published := time.Since(start)
 		var r result
 		select {
@@ -212,18 +214,18 @@ func testLongPoll(t *testing.T, c *tc.Cluster) {
 		if r.err != nil {
 			t.Fatalf("long-poll via %s: %v", via, r.err)
 		}
-		if len(r.msgs) != 1 || values(t, r.msgs)[0] != payload {
+		if len(r.msgs) != 1 || systest.Values(t, r.msgs)[0] != payload {
 			t.Fatalf("long-poll via %s: got %d messages, want %q", via, len(r.msgs), payload)
 		}
 		if r.elapsed > 4*time.Second {
 			t.Errorf("long-poll via %s (wait_ms 5000): answered %v after start, %v after the publish returned; want soon after the publish",
 				via, r.elapsed, r.elapsed-published)
 		}
-		if err := ackAll(ctx, via, topic, "g", r.msgs); err != nil {
+		if err := tc.AckAll(ctx, via, topic, "g", r.msgs); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ctx := ctxFor(t, 10*time.Second)
+	ctx := tc.CtxFor(t, 10*time.Second)
 	start := time.Now()
 	msgs, _, err := fs[0].Fetch(ctx, topic, "g", tc.FetchRequest{Max: 10, WaitMs: 300})
 	took := time.Since(start)
@@ -238,11 +240,11 @@ func testLongPoll(t *testing.T, c *tc.Cluster) {
 // Two groups each get every message; two consumers of one group never hold
 // the same message at once.
 func testConsumerGroups(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
-	ctx := ctxFor(t, 60*time.Second)
+	leader, fs := tc.MustRoles(t, c)
+	ctx := tc.CtxFor(t, 60*time.Second)
 	const topic = "groups"
 	const n = 20
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
 	// Create the groups ahead: with retention_ms 0 a message is kept only
 	// until every existing group has acked it.
 	for _, g := range []string{"A", "B", "C"} {
@@ -255,19 +257,19 @@ func testConsumerGroups(t *testing.T, c *tc.Cluster) {
 	for i := range n {
 		p := fmt.Sprintf("m-%02d", i)
 		want[p] = true
-		mustPublish(t, c.Node(i%3), topic, p, nil)
+		tc.MustPublish(t, c.Node(i%3), topic, p, nil)
 	}
 	for _, g := range []string{"A", "B"} {
-		msgs, err := drain(ctx, fs[0], topic, g, time.Second)
+		msgs, err := tc.Drain(ctx, fs[0], topic, g, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkExactly(t, "group "+g, values(t, distinctByPosition(msgs)), want)
+		systest.CheckExactly(t, "group "+g, systest.Values(t, systest.DistinctByPosition(msgs)), want)
 	}
 
 	// Group C: two consumers on different nodes, long leases, no acks.
 	var mu sync.Mutex
-	held := map[posKey]string{}
+	held := map[systest.PosKey]string{}
 	var overlaps []string
 	var all [2][]tc.Message
 	var wg sync.WaitGroup
@@ -292,7 +294,7 @@ func testConsumerGroups(t *testing.T, c *tc.Cluster) {
 				empties = 0
 				mu.Lock()
 				for _, m := range msgs {
-					k := posKey{m.Partition, m.Offset}
+					k := systest.PosKey{Partition: m.Partition, Offset: m.Offset}
 					if other, dup := held[k]; dup {
 						overlaps = append(overlaps, fmt.Sprintf("%d@%d to consumer %d while leased to %s", m.Partition, m.Offset, ci, other))
 					}
@@ -316,47 +318,20 @@ func testConsumerGroups(t *testing.T, c *tc.Cluster) {
 	}
 	for ci, via := range []*tc.Node{leader, fs[0]} {
 		if len(all[ci]) > 0 {
-			if err := ackAll(ctx, via, topic, "C", all[ci]); err != nil {
+			if err := tc.AckAll(ctx, via, topic, "C", all[ci]); err != nil {
 				t.Error(err)
 			}
 		}
 	}
 }
 
-// checkExactly fails unless got holds each wanted payload exactly once and nothing else.
-func checkExactly(t *testing.T, what string, got []string, want map[string]bool) {
-	t.Helper()
-	seen := map[string]int{}
-	for _, v := range got {
-		seen[v]++
-	}
-	missing, extra, dups := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for w := range want {
-		if seen[w] == 0 {
-			missing[w] = true
-		}
-	}
-	for v, k := range seen {
-		if !want[v] {
-			extra[v] = true
-		}
-		if k > 1 {
-			dups[v] = true
-		}
-	}
-	if len(missing)+len(extra)+len(dups) > 0 {
-		t.Errorf("%s: got %d messages for %d wanted; missing %d [%s]; unexpected %d [%s]; stored twice %d [%s]",
-			what, len(got), len(want), len(missing), sample(missing), len(extra), sample(extra), len(dups), sample(dups))
-	}
-}
-
 // Retention: a full reject-publish topic answers 507; drop-head advances first_offset.
 func testRetention(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
-	ctx := ctxFor(t, 30*time.Second)
-	mustTopic(t, leader, "ret-reject", map[string]any{"max_messages": 5})
+	leader, fs := tc.MustRoles(t, c)
+	ctx := tc.CtxFor(t, 30*time.Second)
+	tc.MustTopic(t, leader, "ret-reject", map[string]any{"max_messages": 5})
 	for i := range 5 {
-		mustPublish(t, fs[0], "ret-reject", fmt.Sprintf("r%d", i), nil)
+		tc.MustPublish(t, fs[0], "ret-reject", fmt.Sprintf("r%d", i), nil)
 	}
 	_, r, err := fs[0].Publish(ctx, "ret-reject", []byte("r5"), nil)
 	if r == nil {
@@ -368,11 +343,11 @@ func testRetention(t *testing.T, c *tc.Cluster) {
 		t.Errorf("507 answer: %v", err)
 	}
 
-	mustTopic(t, leader, "ret-drop", map[string]any{"max_messages": 5, "overflow": "drop-head"})
+	tc.MustTopic(t, leader, "ret-drop", map[string]any{"max_messages": 5, "overflow": "drop-head"})
 	for i := range 8 {
-		mustPublish(t, fs[0], "ret-drop", fmt.Sprintf("d%d", i), nil)
+		tc.MustPublish(t, fs[0], "ret-drop", fmt.Sprintf("d%d", i), nil)
 	}
-	s, err := pollStats(ctxFor(t, 5*time.Second), leader, "ret-drop", func(s tc.TopicStats) bool {
+	s, err := systest.PollStats(tc.CtxFor(t, 5*time.Second), leader, "ret-drop", func(s tc.TopicStats) bool {
 		return len(s.Partitions) == 1 && s.Partitions[0].NextOffset == 8
 	})
 	if err != nil {
@@ -382,10 +357,10 @@ func testRetention(t *testing.T, c *tc.Cluster) {
 	if p.FirstOffset != 3 || p.Messages != 5 || s.Messages != 5 {
 		t.Errorf("drop-head with max_messages 5 after 8 publishes: messages %d, partition %+v; want first_offset 3, next_offset 8, 5 messages", s.Messages, p)
 	}
-	msgs, err := drain(ctx, fs[0], "ret-drop", "late", 500*time.Millisecond)
+	msgs, err := tc.Drain(ctx, fs[0], "ret-drop", "late", 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]bool{"d3": true, "d4": true, "d5": true, "d6": true, "d7": true}
-	checkExactly(t, "new group on drop-head topic", values(t, msgs), want)
+	systest.CheckExactly(t, "new group on drop-head topic", systest.Values(t, msgs), want)
 }

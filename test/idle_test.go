@@ -80,7 +80,7 @@ func TestIdleLeaderCPU(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 10*time.Minute)
+	ctx := tc.CtxFor(t, 10*time.Minute)
 	start := time.Now()
 	name := func(i int) string { return fmt.Sprintf("idle-%05d", i) }
 	err := parallel(*idleTopics, 32, func(i int) error {

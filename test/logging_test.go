@@ -1,13 +1,14 @@
 package test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mqd/mqd/test/systest"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
@@ -58,8 +59,8 @@ func loud(lines []logLine) []string {
 func TestQuietLogs(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3, tc.WithFlags("--log-format", "json"))
-	ctx := ctxFor(t, 90*time.Second)
-	leader, followers := mustRoles(t, c)
+	ctx := tc.CtxFor(t, 90*time.Second)
+	leader, followers := tc.MustRoles(t, c)
 	offsets := map[*tc.Node]int{}
 	for _, n := range c.Nodes() {
 		lines, end := readJSONLog(t, n, 0)
@@ -76,11 +77,11 @@ func TestQuietLogs(t *testing.T) {
 	dead.Kill()
 	// Keep the leader replicating while the peer is down; raft retries the
 	// peer (heartbeats, appends) many times a second meanwhile.
-	mustTopic(t, leader, "quiet", nil)
+	tc.MustTopic(t, leader, "quiet", nil)
 	down := time.Now()
 	for i := 0; time.Since(down) < 6*time.Second; i++ {
-		mustPublish(t, leader, "quiet", fmt.Sprintf("m%d", i), nil)
-		if err := pause(ctx, 100*time.Millisecond); err != nil {
+		tc.MustPublish(t, leader, "quiet", fmt.Sprintf("m%d", i), nil)
+		if err := systest.Pause(ctx, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,7 +116,7 @@ func TestQuietLogs(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("leader never said that %s is reachable again", dead.ID())
 		}
-		if err := pause(ctx, 200*time.Millisecond); err != nil {
+		if err := systest.Pause(ctx, 200*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,16 +128,16 @@ func TestQuietLogs(t *testing.T) {
 // profiles. With data groups, the follower and leader of the topic's group.
 func TestRequestIDInLogs(t *testing.T) {
 	t.Parallel()
-	groupVariants(t, requestIDInLogs)
+	systest.GroupVariants(t, requestIDInLogs)
 }
 
 func requestIDInLogs(t *testing.T, opts ...tc.Option) {
 	c := tc.Start(t, 2, append(opts, tc.WithFlags("--log-format", "json", "--log-level", "debug", "--pprof"))...)
-	ctx := ctxFor(t, 60*time.Second)
-	leader, followers := mustRoles(t, c)
-	mustTopic(t, leader, "rid", nil)
-	if topicGroup(t, leader, "rid") != "default" {
-		leader, followers = placedRoles(t, c, "rid")
+	ctx := tc.CtxFor(t, 60*time.Second)
+	leader, followers := tc.MustRoles(t, c)
+	tc.MustTopic(t, leader, "rid", nil)
+	if systest.TopicGroup(t, leader, "rid") != "default" {
+		leader, followers = systest.PlacedRoles(t, c, "rid")
 	}
 	r, err := followers[0].Do(ctx, "POST", "/v1/topics/rid/messages", "x",
 		map[string]string{"Mq-Request-Id": "req-42.a", "Idempotency-Key": "order-7"})
@@ -173,17 +174,5 @@ func requestIDInLogs(t *testing.T, opts ...tc.Option) {
 		if !found {
 			t.Errorf("%s: no log line with request_id req-42.a", n.ID())
 		}
-	}
-}
-
-// pause sleeps for d or until ctx ends.
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

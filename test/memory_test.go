@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mqd/mqd/test/systest"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
@@ -18,21 +18,6 @@ import (
 // rssBound is the most anonymous resident memory a node may reach under
 // the large bodies of TestLargeBodiesBoundedMemory (docs/reliability.md).
 const rssBound = 1280 << 20
-
-// statusKB reads a field of /proc/PID/status in bytes.
-func statusKB(pid int, field string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
-}
 
 // peakSampler samples a process's anonymous resident memory (RssAnon: the
 // heap and stacks, not the data files bbolt and the raft log map, which
@@ -45,7 +30,7 @@ func peakSampler(pid int) (stop func() int64) {
 		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if v, err := statusKB(pid, "RssAnon"); err == nil {
+			if v, err := systest.StatusKB(pid, "RssAnon"); err == nil {
 				peak = max(peak, v)
 			}
 			select {
@@ -69,11 +54,11 @@ func TestLargeBodiesBoundedMemory(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
+	tc.MustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
 	const clients, size = 30, 16 << 20
-	base, _ := statusKB(n.PID(), "RssAnon")
+	base, _ := systest.StatusKB(n.PID(), "RssAnon")
 	stop := peakSampler(n.PID())
-	ctx := ctxFor(t, 3*time.Minute)
+	ctx := tc.CtxFor(t, 3*time.Minute)
 	var mu sync.Mutex
 	statuses := map[int]int{}
 	var bad []string
@@ -108,7 +93,7 @@ func TestLargeBodiesBoundedMemory(t *testing.T) {
 					time.Sleep(time.Duration(100+50*attempt%500) * time.Millisecond)
 				default:
 					mu.Lock()
-					bad = append(bad, fmt.Sprintf("client %d: %d %s", i, r.Status, shorten(string(r.Body))))
+					bad = append(bad, fmt.Sprintf("client %d: %d %s", i, r.Status, systest.Shorten(string(r.Body))))
 					mu.Unlock()
 					return
 				}
@@ -117,7 +102,7 @@ func TestLargeBodiesBoundedMemory(t *testing.T) {
 	}
 	wg.Wait()
 	peak := stop()
-	hwm, err := statusKB(n.PID(), "VmHWM")
+	hwm, err := systest.StatusKB(n.PID(), "VmHWM")
 	if err != nil {
 		t.Fatalf("node gone? %v", err)
 	}
@@ -129,10 +114,10 @@ func TestLargeBodiesBoundedMemory(t *testing.T) {
 	if peak > rssBound {
 		t.Errorf("peak anonymous RSS %d MiB, over the documented bound of %d MiB", peak>>20, rssBound>>20)
 	}
-	if s, err := n.Stats(ctxFor(t, 15*time.Second), "big"); err != nil || s.Messages != clients {
+	if s, err := n.Stats(tc.CtxFor(t, 15*time.Second), "big"); err != nil || s.Messages != clients {
 		t.Errorf("stored %d messages (%v), want %d", s.Messages, err, clients)
 	}
-	mustPublish(t, n, "big", "small after the flood", nil)
+	tc.MustPublish(t, n, "big", "small after the flood", nil)
 }
 
 // A fetch's answer is bounded in bytes: with messages of 5 MiB, a fetch of
@@ -143,14 +128,14 @@ func TestFetchAnswerBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 60*time.Second)
-	if _, err := waitView(ctx, n, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
+	ctx := tc.CtxFor(t, 60*time.Second)
+	if _, err := tc.WaitView(ctx, n, "state format 2 or later", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= 2 }); err != nil {
 		t.Fatal(err)
 	}
-	mustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
+	tc.MustTopic(t, n, "big", map[string]any{"max_message_bytes": 16 << 20})
 	big := strings.Repeat("m", 5<<20)
 	for range 3 {
-		mustPublish(t, n, "big", big, nil)
+		tc.MustPublish(t, n, "big", big, nil)
 	}
 	var counts []int
 	for range 2 {

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,58 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
-
-// scrape reads a node's /metrics into metric families.
-func scrape(ctx context.Context, t testing.TB, n *tc.Node) map[string]*dto.MetricFamily {
-	t.Helper()
-	r, err := n.Do(ctx, "GET", "/metrics", nil, nil)
-	if err == nil {
-		err = r.Expect(200)
-	}
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(r.Body))
-	if err != nil {
-		t.Fatalf("/metrics is not Prometheus text: %v", err)
-	}
-	return fams
-}
-
-// sample is the value of the family's series whose labels include want.
-func metricValue(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
-	f := fams[name]
-	if f == nil {
-		return 0, false
-	}
-	for _, m := range f.Metric {
-		ok := true
-		for k, v := range want {
-			if !slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue(), true
-		case m.Gauge != nil:
-			return m.Gauge.GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount()), true
-		}
-	}
-	return 0, false
-}
 
 // The families SPEC §7 names exist with their types, labels and values
 // that follow what was done; labels stay bounded (route patterns, never
@@ -77,8 +30,8 @@ func TestMetricsFamilies(t *testing.T) {
 	// the clean restart first makes that checkpoint hold some state.
 	c := tc.Start(t, 1, tc.WithEnv(fsm.TestCheckpointIntervalEnv+"=1h"))
 	n := c.Node(0)
-	ctx := ctxFor(t, 60*time.Second)
-	mustTopic(t, n, "metrics-t", map[string]any{"max_retry": 0})
+	ctx := tc.CtxFor(t, 60*time.Second)
+	tc.MustTopic(t, n, "metrics-t", map[string]any{"max_retry": 0})
 	if err := n.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -87,9 +40,9 @@ func TestMetricsFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		mustPublish(t, n, "metrics-t", fmt.Sprintf("m%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
+		tc.MustPublish(t, n, "metrics-t", fmt.Sprintf("m%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
 	}
-	mustPublish(t, n, "metrics-t", "m0 again", map[string]string{"Idempotency-Key": "k0"})
+	tc.MustPublish(t, n, "metrics-t", "m0 again", map[string]string{"Idempotency-Key": "k0"})
 	msgs, _, err := n.Fetch(ctx, "metrics-t", "g1", tc.FetchRequest{Max: 2})
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("fetch: %d messages, %v", len(msgs), err)
@@ -100,7 +53,7 @@ func TestMetricsFamilies(t *testing.T) {
 	if _, _, err := n.Nack(ctx, "metrics-t", "g1", []string{msgs[1].Receipt}, map[string]any{"reason": "boom"}); err != nil {
 		t.Fatal(err)
 	}
-	fams := scrape(ctx, t, n)
+	fams := systest.Scrape(ctx, t, n)
 
 	types := map[string]dto.MetricType{
 		"mqd_published_messages_total":     dto.MetricType_COUNTER,
@@ -160,7 +113,7 @@ func TestMetricsFamilies(t *testing.T) {
 		{"mqd_http_requests_total", map[string]string{"route": "/v1/topics/{topic}/messages", "code": "200"}, 1},
 		{"mqd_http_request_seconds", map[string]string{"route": "/v1/topics/{topic}/groups/{group}/fetch"}, 1},
 	} {
-		got, ok := metricValue(fams, want.name, want.labels)
+		got, ok := systest.MetricValue(fams, want.name, want.labels)
 		if !ok || got != want.v {
 			t.Errorf("%s%v = %v (present %v), want %v", want.name, want.labels, got, ok, want.v)
 		}
@@ -178,9 +131,9 @@ func TestMetricsFamilies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := scrape(ctx, t, n)
+	now := systest.Scrape(ctx, t, n)
 	gs := st.Groups["g1"]
-	if v, _ := metricValue(now, "mqd_group_backlog_messages", tg); v != float64(gs.Backlog+gs.Delayed) {
+	if v, _ := systest.MetricValue(now, "mqd_group_backlog_messages", tg); v != float64(gs.Backlog+gs.Delayed) {
 		t.Errorf("mqd_group_backlog_messages = %v, stats say backlog %d + delayed %d", v, gs.Backlog, gs.Delayed)
 	}
 	// A lease that expires is counted (and, with max_retry 0, dead-lettered);
@@ -205,11 +158,11 @@ func TestMetricsFamilies(t *testing.T) {
 	if err := n.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := scrape(ctx, t, n)
-	if v, _ := metricValue(after, "mqd_nacked_messages_total", tg); v != 0 {
+	after := systest.Scrape(ctx, t, n)
+	if v, _ := systest.MetricValue(after, "mqd_nacked_messages_total", tg); v != 0 {
 		t.Errorf("after a restart mqd_nacked_messages_total = %v, want 0 (the replayed log was counted again)", v)
 	}
-	if v, _ := metricValue(after, "mqd_dlq_messages", tg2); v != 1 {
+	if v, _ := systest.MetricValue(after, "mqd_dlq_messages", tg2); v != 1 {
 		t.Errorf("after a restart mqd_dlq_messages{g2} = %v, want 1", v)
 	}
 	for _, name := range []string{"mqd_http_requests_total", "mqd_http_request_seconds"} {
@@ -226,7 +179,7 @@ func TestMetricsFamilies(t *testing.T) {
 	if r, err := n.Do(ctx, "DELETE", "/v1/topics/metrics-t/groups/g2", nil, nil); err != nil || r.Status != 200 {
 		t.Fatalf("delete group g2: %v %+v", err, r)
 	}
-	for name, f := range scrape(ctx, t, n) {
+	for name, f := range systest.Scrape(ctx, t, n) {
 		for _, m := range f.GetMetric() {
 			if slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == "group" && l.GetValue() == "g2" }) {
 				t.Errorf("%s still has a series of the deleted group g2", name)
@@ -237,7 +190,7 @@ func TestMetricsFamilies(t *testing.T) {
 	if r, err := n.Do(ctx, "DELETE", "/v1/topics/metrics-t", nil, nil); err != nil || r.Status != 200 {
 		t.Fatalf("delete topic: %v %+v", err, r)
 	}
-	for name, f := range scrape(ctx, t, n) {
+	for name, f := range systest.Scrape(ctx, t, n) {
 		for _, m := range f.GetMetric() {
 			if slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == "topic" && l.GetValue() == "metrics-t" }) {
 				t.Errorf("%s still has a series of the deleted topic", name)
@@ -247,19 +200,19 @@ func TestMetricsFamilies(t *testing.T) {
 }
 
 // pollMetric waits (bounded by ctx and 20 s) until a node's metric has the
-// value want.
+// Value want.
 func pollMetric(ctx context.Context, t *testing.T, n *tc.Node, name string, labels map[string]string, want float64) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got, _ := metricValue(scrape(ctx, t, n), name, labels)
+		got, _ := systest.MetricValue(systest.Scrape(ctx, t, n), name, labels)
 		if got == want {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s%v = %v after 20 s, want %v", name, labels, got, want)
 		}
-		if err := pause(ctx, 100*time.Millisecond); err != nil {
+		if err := systest.Pause(ctx, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -315,14 +268,14 @@ func TestGrafanaDashboardMetricsExist(t *testing.T) {
 	}
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := tc.CtxFor(t, 30*time.Second)
 	// Per-group families appear once a group exists.
-	mustTopic(t, n, "dash", nil)
-	mustPublish(t, n, "dash", "x", nil)
+	tc.MustTopic(t, n, "dash", nil)
+	tc.MustPublish(t, n, "dash", "x", nil)
 	if _, _, err := n.Fetch(ctx, "dash", "g", tc.FetchRequest{Max: 1}); err != nil {
 		t.Fatal(err)
 	}
-	fams := scrape(ctx, t, n)
+	fams := systest.Scrape(ctx, t, n)
 	exists := func(name string) bool {
 		if fams[name] != nil {
 			return true

@@ -12,18 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	"github.com/mqd/mqd/client"
-	"github.com/mqd/mqd/fsm"
 	"github.com/mqd/mqd/group"
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
-
-// processAnswer is the 200 of POST .../process.
-type processAnswer struct {
-	Acked     int                `json:"acked"`
-	Duplicate bool               `json:"duplicate"`
-	Results   []tc.PublishResult `json:"results"`
-}
 
 type processError struct {
 	Error struct {
@@ -47,10 +41,10 @@ func doProcess(ctx context.Context, t *testing.T, n *tc.Node, topic, group strin
 	return r
 }
 
-func mustProcess(ctx context.Context, t *testing.T, n *tc.Node, topic, group string, receipts []string, outputs []map[string]any) processAnswer {
+func mustProcess(ctx context.Context, t *testing.T, n *tc.Node, topic, group string, receipts []string, outputs []map[string]any) systest.ProcessAnswer {
 	t.Helper()
 	r := doProcess(ctx, t, n, topic, group, receipts, outputs)
-	var a processAnswer
+	var a systest.ProcessAnswer
 	if err := r.Expect(200); err != nil {
 		t.Fatalf("process via %s: %v", n, err)
 	}
@@ -71,26 +65,6 @@ func refusedProcess(ctx context.Context, t *testing.T, n *tc.Node, what string, 
 	return e
 }
 
-func messagesIn(ctx context.Context, t *testing.T, n *tc.Node, topic string) int64 {
-	t.Helper()
-	st, err := n.Stats(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.NextOffsets()
-}
-
-// waitFormat3 waits until every node applies a state format that has
-// process (format 3 or later).
-func waitFormat3(ctx context.Context, t *testing.T, c *tc.Cluster) {
-	t.Helper()
-	for _, n := range c.Nodes() {
-		if _, err := waitView(ctx, n, "state format with process", func(ci tc.ClusterInfo) bool { return ci.StateFormat >= fsm.ProcessFormat }); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // Through the real binary on three nodes, via followers: every refusal of
 // process leaves the receipts unacked and publishes nothing; the call
 // then succeeds once, and its repeat (a lost answer) is answered with the
@@ -100,23 +74,23 @@ func waitFormat3(ctx context.Context, t *testing.T, c *tc.Cluster) {
 // in different raft groups (api/processacross.go): the same holds.
 func TestProcessThroughCluster(t *testing.T) {
 	t.Parallel()
-	groupVariants(t, processThroughCluster)
+	systest.GroupVariants(t, processThroughCluster)
 }
 
 func processThroughCluster(t *testing.T, opts ...tc.Option) {
 	c := tc.Start(t, 3, opts...)
-	ctx := ctxFor(t, 120*time.Second)
-	leader, followers := mustRoles(t, c)
-	waitFormat3(ctx, t, c)
-	mustTopic(t, leader, "in", map[string]any{"partitions": 2})
-	mustTopic(t, leader, "out", nil)
-	mustTopic(t, leader, "audit", map[string]any{"max_message_bytes": 64})
+	ctx := tc.CtxFor(t, 120*time.Second)
+	leader, followers := tc.MustRoles(t, c)
+	systest.WaitFormat3(ctx, t, c)
+	tc.MustTopic(t, leader, "in", map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, "out", nil)
+	tc.MustTopic(t, leader, "audit", map[string]any{"max_message_bytes": 64})
 	for i := 1; i <= 3; i++ {
-		mustPublish(t, leader, "in", fmt.Sprintf("order %d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("order-%d", i)})
+		tc.MustPublish(t, leader, "in", fmt.Sprintf("order %d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("order-%d", i)})
 	}
 	f0, f1 := followers[0], followers[1]
-	msgs := rtFetchN(t, f0, "in", "g", 2, 20*time.Second, 60000)
-	rs := rtReceipts(msgs)
+	msgs := systest.RtFetchN(t, f0, "in", "g", 2, 20*time.Second, 60000)
+	rs := systest.RtReceipts(msgs)
 	outputs := []map[string]any{
 		{"topic": "out", "value": "paid " + msgs[0].IdempotencyKey, "idempotency_key": "pay-" + msgs[0].IdempotencyKey},
 		{"topic": "audit", "value": "seen"},
@@ -146,7 +120,7 @@ func processThroughCluster(t *testing.T, opts ...tc.Option) {
 	if r := doProcess(ctx, t, f0, "in", "nogroup", rs, outputs); r.Status != 409 || !strings.Contains(string(r.Body), `"status":"invalid"`) {
 		t.Fatalf("receipts of a group that does not exist: %d %s, want 409 with invalid receipts", r.Status, r.Body)
 	}
-	if n := messagesIn(ctx, t, leader, "out") + messagesIn(ctx, t, leader, "audit"); n != 0 {
+	if n := systest.MessagesIn(ctx, t, leader, "out") + systest.MessagesIn(ctx, t, leader, "audit"); n != 0 {
 		t.Fatalf("%d messages published by refused calls", n)
 	}
 
@@ -157,17 +131,17 @@ func processThroughCluster(t *testing.T, opts ...tc.Option) {
 	}
 	// The answer was lost: the same call again, via another node.
 	again := mustProcess(ctx, t, f1, "in", "g", rs, outputs)
-	across := topicGroup(t, leader, "in") != topicGroup(t, leader, "out")
+	across := systest.TopicGroup(t, leader, "in") != systest.TopicGroup(t, leader, "out")
 	if !again.Duplicate || again.Acked != 2 || !reflect.DeepEqual(again.Results, repeatedResults(first.Results, across)) {
 		t.Fatalf("repeat: %+v, want duplicate of %+v", again, first)
 	}
-	if n := messagesIn(ctx, t, leader, "out"); n != 2 {
+	if n := systest.MessagesIn(ctx, t, leader, "out"); n != 2 {
 		t.Fatalf("out holds %d messages after a call and its repeat, want 2", n)
 	}
 
 	// A's lease runs out; B gets the message and processes it; A's late
 	// call is refused and B's repeat answered as before.
-	a := rtFetchN(t, f0, "in", "g", 1, 20*time.Second, 1000)
+	a := systest.RtFetchN(t, f0, "in", "g", 1, 20*time.Second, 1000)
 	var b []tc.Message
 	for deadline := time.Now().Add(30 * time.Second); len(b) == 0; {
 		if time.Now().After(deadline) {
@@ -179,12 +153,12 @@ func processThroughCluster(t *testing.T, opts ...tc.Option) {
 		t.Fatalf("redelivered %d/%d, want %d/%d", b[0].Partition, b[0].Offset, a[0].Partition, a[0].Offset)
 	}
 	out3 := []map[string]any{{"topic": "out", "value": "paid 3", "idempotency_key": "pay-" + a[0].IdempotencyKey}}
-	byB := mustProcess(ctx, t, f1, "in", "g", rtReceipts(b), out3)
-	refusedProcess(ctx, t, f0, "the first consumer's late call", 409, "stale_receipt", rtReceipts(a), out3)
-	if rep := mustProcess(ctx, t, leader, "in", "g", rtReceipts(b), out3); !rep.Duplicate || !reflect.DeepEqual(rep.Results, repeatedResults(byB.Results, across)) {
+	byB := mustProcess(ctx, t, f1, "in", "g", systest.RtReceipts(b), out3)
+	refusedProcess(ctx, t, f0, "the first consumer's late call", 409, "stale_receipt", systest.RtReceipts(a), out3)
+	if rep := mustProcess(ctx, t, leader, "in", "g", systest.RtReceipts(b), out3); !rep.Duplicate || !reflect.DeepEqual(rep.Results, repeatedResults(byB.Results, across)) {
 		t.Fatalf("B's repeat: %+v, want duplicate of %+v", rep, byB)
 	}
-	if n := messagesIn(ctx, t, leader, "out"); n != 3 {
+	if n := systest.MessagesIn(ctx, t, leader, "out"); n != 3 {
 		t.Fatalf("out holds %d messages, want 3 (one per input)", n)
 	}
 	st, err := leader.Stats(ctx, "in")
@@ -217,17 +191,17 @@ func repeatedResults(rs []tc.PublishResult, across bool) []tc.PublishResult {
 // refused call acks nothing.
 func TestProcessPermissions(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, map[string][]string{
+	fx := tc.AuthTokens(t, map[string][]string{
 		"node": {"cluster"}, "ops": {"monitor", "admin:*"}, "feeder": {"publish:orders"},
 		"worker": {"consume:orders", "publish:payments"}, "narrow": {"consume:orders"},
 		"pubonly": {"publish:payments", "publish:audit"},
 	})
-	c := startAuthCluster(t, 3, fx)
-	ctx := ctxFor(t, 120*time.Second)
-	leader, followers := mustRoles(t, c)
-	waitFormat3(ctx, t, c)
+	c := tc.StartAuth(t, 3, fx)
+	ctx := tc.CtxFor(t, 120*time.Second)
+	leader, followers := tc.MustRoles(t, c)
+	systest.WaitFormat3(ctx, t, c)
 	for _, tp := range []string{"orders", "payments", "audit"} {
-		mustTopic(t, leader, tp, nil)
+		tc.MustTopic(t, leader, tp, nil)
 	}
 	as := func(who string) *tc.Client { return tc.DefaultClient.WithToken(fx.Secrets[who]) }
 	if r, err := as("feeder").Do(ctx, http.MethodPost, leader.URL()+"/v1/topics/orders/messages", "o1", nil); err != nil || r.Expect(201) != nil {
@@ -247,7 +221,7 @@ func TestProcessPermissions(t *testing.T) {
 		if err := r.JSON(&fr); err != nil {
 			t.Fatal(err)
 		}
-		rs = rtReceipts(fr.Messages)
+		rs = systest.RtReceipts(fr.Messages)
 	}
 	both := []map[string]any{{"topic": "payments", "value": "p"}, {"topic": "audit", "value": "a"}}
 	cases := []struct {
@@ -271,7 +245,7 @@ func TestProcessPermissions(t *testing.T) {
 			t.Fatalf("%s via %s: %d %s, want %d forbidden", k.who, f, r.Status, r.Body, k.want)
 		}
 	}
-	if n := messagesIn(ctx, t, leader, "payments") + messagesIn(ctx, t, leader, "audit"); n != 0 {
+	if n := systest.MessagesIn(ctx, t, leader, "payments") + systest.MessagesIn(ctx, t, leader, "audit"); n != 0 {
 		t.Fatalf("%d messages published by refused calls", n)
 	}
 	r, err := as("worker").Do(ctx, http.MethodPost, f.URL()+"/v1/topics/orders/groups/g/process", map[string]any{"ack": rs, "publish": both[:1]}, nil)
@@ -288,14 +262,14 @@ func TestProcessPermissions(t *testing.T) {
 func TestClientConsumeProcess(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
-	ctx := ctxFor(t, 90*time.Second)
+	ctx := tc.CtxFor(t, 90*time.Second)
 	n := c.Node(0)
-	waitFormat3(ctx, t, c)
-	mustTopic(t, n, "orders", map[string]any{"backoff_base_ms": 50, "backoff_jitter_ms": 0})
-	mustTopic(t, n, "payments", nil)
+	systest.WaitFormat3(ctx, t, c)
+	tc.MustTopic(t, n, "orders", map[string]any{"backoff_base_ms": 50, "backoff_jitter_ms": 0})
+	tc.MustTopic(t, n, "payments", nil)
 	const orders = 6
 	for i := range orders {
-		mustPublish(t, n, "orders", fmt.Sprintf("o%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("o%d", i)})
+		tc.MustPublish(t, n, "orders", fmt.Sprintf("o%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("o%d", i)})
 	}
 	cl, err := client.New(client.Config{Servers: []string{n.URL()}})
 	if err != nil {
@@ -325,14 +299,14 @@ func TestClientConsumeProcess(t *testing.T) {
 			mu.Unlock()
 		}})
 	}()
-	if _, err := pollStats(ctx, n, "orders", func(st tc.TopicStats) bool { return st.Groups["pay"].Acked == orders }); err != nil {
+	if _, err := systest.PollStats(ctx, n, "orders", func(st tc.TopicStats) bool { return st.Groups["pay"].Acked == orders }); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("ConsumeProcess: %v", err)
 	}
-	if got := messagesIn(ctx, t, n, "payments"); got != orders {
+	if got := systest.MessagesIn(ctx, t, n, "payments"); got != orders {
 		t.Fatalf("%d payments for %d orders", got, orders)
 	}
 	mu.Lock()

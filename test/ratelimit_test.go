@@ -13,7 +13,7 @@ import (
 func burst(t *testing.T, cl *tc.Client, url string, n int) (limited, retryAfter int) {
 	t.Helper()
 	for range n {
-		r, err := cl.Do(ctxFor(t, 10*time.Second), "GET", url, nil, nil)
+		r, err := cl.Do(tc.CtxFor(t, 10*time.Second), "GET", url, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func waitServed(t *testing.T, cl *tc.Client, url string, retryAfter int) {
 	deadline := time.Now().Add(time.Duration(retryAfter)*time.Second + 2*time.Second)
 	time.Sleep(time.Duration(retryAfter) * time.Second)
 	for {
-		r, err := cl.Do(ctxFor(t, 10*time.Second), "GET", url, nil, nil)
+		r, err := cl.Do(tc.CtxFor(t, 10*time.Second), "GET", url, nil, nil)
 		if err == nil && r.Status == 200 {
 			return
 		}
@@ -78,8 +78,8 @@ func TestRateLimitPerConnection(t *testing.T) {
 // all its connections, other tokens are not; it recovers.
 func TestRateLimitPerToken(t *testing.T) {
 	t.Parallel()
-	fx := authTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "node": {"cluster"}, "greedy": {"monitor"}, "calm": {"monitor"}})
-	c := startAuthCluster(t, 1, fx, tc.WithFlags("--rate-per-token", "20", "--rate-per-connection", "0"))
+	fx := tc.AuthTokens(t, map[string][]string{"ops": {"monitor", "admin:*"}, "node": {"cluster"}, "greedy": {"monitor"}, "calm": {"monitor"}})
+	c := tc.StartAuth(t, 1, fx, tc.WithFlags("--rate-per-token", "20", "--rate-per-connection", "0"))
 	url := c.Node(0).URL() + "/v1/cluster"
 	limited, ra := 0, 0
 	for range 10 { // ten connections, ten requests each

@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mqd/mqd/test/systest"
 
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
@@ -70,53 +71,6 @@ func TestRetryFailover(t *testing.T) {
 
 // ---- helpers ----
 
-// rtDeadLetter is one entry of GET .../dlq.
-type rtDeadLetter struct {
-	ID             uint64            `json:"id"`
-	Partition      int               `json:"partition"`
-	Offset         int64             `json:"offset"`
-	ValueB64       string            `json:"value_b64"`
-	IdempotencyKey string            `json:"idempotency_key"`
-	Attrs          map[string]string `json:"attrs"`
-	PublishedAt    string            `json:"published_at"`
-	RejectReason   string            `json:"reject_reason"`
-	RetryCount     int               `json:"retry_count"`
-	DeadAt         string            `json:"dead_at"`
-	History        []struct {
-		At     string `json:"at"`
-		Kind   string `json:"kind"`
-		Reason string `json:"reason"`
-		Node   string `json:"node"`
-	} `json:"history"`
-}
-
-func (d rtDeadLetter) value() string {
-	b, err := base64.StdEncoding.DecodeString(d.ValueB64)
-	if err != nil {
-		return "<bad base64 " + d.ValueB64 + ">"
-	}
-	return string(b)
-}
-
-type rtDLQPage struct {
-	DeadLetters []rtDeadLetter `json:"dead_letters"`
-	NextAfter   *uint64        `json:"next_after"`
-}
-
-func rtGroupPath(topic, group string) string {
-	return "/v1/topics/" + url.PathEscape(topic) + "/groups/" + url.PathEscape(group)
-}
-
-// rtStats reads one group's stats; ok is false if the group is not listed.
-func rtStats(ctx context.Context, n *tc.Node, topic, group string) (tc.GroupStats, bool, error) {
-	st, err := n.Stats(ctx, topic)
-	if err != nil {
-		return tc.GroupStats{}, false, err
-	}
-	g, ok := st.Groups[group]
-	return g, ok, nil
-}
-
 // rtWaitStats polls a group's stats until cond holds (bounded by d) and
 // returns the last stats; it fails the test when cond never held.
 func rtWaitStats(t *testing.T, n *tc.Node, topic, group string, d time.Duration, what string, cond func(tc.GroupStats) bool) tc.GroupStats {
@@ -126,7 +80,7 @@ func rtWaitStats(t *testing.T, n *tc.Node, topic, group string, d time.Duration,
 	var lastErr error
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		s, ok, err := rtStats(ctx, n, topic, group)
+		s, ok, err := systest.RtStats(ctx, n, topic, group)
 		cancel()
 		lastErr = err
 		if err == nil && ok {
@@ -142,52 +96,10 @@ func rtWaitStats(t *testing.T, n *tc.Node, topic, group string, d time.Duration,
 	}
 }
 
-// rtListDLQ is GET .../dlq with query (e.g. "limit=3&after=7").
-func rtListDLQ(ctx context.Context, n *tc.Node, topic, group, query string) (rtDLQPage, error) {
-	var p rtDLQPage
-	path := rtGroupPath(topic, group) + "/dlq"
-	if query != "" {
-		path += "?" + query
-	}
-	r, err := n.Do(ctx, http.MethodGet, path, nil, nil)
-	if err != nil {
-		return p, err
-	}
-	if err := r.Expect(http.StatusOK); err != nil {
-		return p, err
-	}
-	return p, r.JSON(&p)
-}
-
-func rtMustListDLQ(t *testing.T, n *tc.Node, topic, group, query string) rtDLQPage {
-	t.Helper()
-	p, err := rtListDLQ(ctxFor(t, 10*time.Second), n, topic, group, query)
-	if err != nil {
-		t.Fatalf("GET dlq of %s/%s ?%s via %s: %v", topic, group, query, n, err)
-	}
-	return p
-}
-
-// rtWaitDLQ polls the group's dead letters until there are want of them.
-func rtWaitDLQ(t *testing.T, n *tc.Node, topic, group string, want int, d time.Duration) []rtDeadLetter {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		p := rtMustListDLQ(t, n, topic, group, "limit=1000")
-		if len(p.DeadLetters) == want {
-			return p.DeadLetters
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s: %d dead letters after %v, want %d: %+v", topic, group, len(p.DeadLetters), d, want, p.DeadLetters)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // rtReplay is POST .../dlq/replay; it returns the answer's "accepted".
 func rtReplay(t *testing.T, n *tc.Node, topic, group string, body map[string]any) int {
 	t.Helper()
-	r, err := n.Do(ctxFor(t, 15*time.Second), http.MethodPost, rtGroupPath(topic, group)+"/dlq/replay", body, nil)
+	r, err := n.Do(tc.CtxFor(t, 15*time.Second), http.MethodPost, systest.RtGroupPath(topic, group)+"/dlq/replay", body, nil)
 	if err != nil {
 		t.Fatalf("replay %v on %s/%s via %s: %v", body, topic, group, n, err)
 	}
@@ -203,92 +115,24 @@ func rtReplay(t *testing.T, n *tc.Node, topic, group string, body map[string]any
 	return *ans.Accepted
 }
 
-// rtFetch long-polls through n until at least one message arrives or d
-// passes (then it returns nil). No answer and 503 are retried (failover);
-// any other error fails the test. It returns the time the answer arrived.
-func rtFetch(t *testing.T, n *tc.Node, topic, group string, d time.Duration, max, leaseMs int) ([]tc.Message, time.Time) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, time.Now()
-		}
-		wait := min(left, 5*time.Second)
-		ctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
-		msgs, _, err := n.Fetch(ctx, topic, group, tc.FetchRequest{Max: max, WaitMs: int(wait / time.Millisecond), LeaseMs: leaseMs})
-		at := time.Now()
-		cancel()
-		if err != nil {
-			if !retryable(err) {
-				t.Fatalf("fetch %s/%s via %s: %v", topic, group, n, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		if len(msgs) > 0 {
-			return msgs, at
-		}
-	}
-}
-
-// rtFetchOne is rtFetch that wants exactly one message.
-func rtFetchOne(t *testing.T, n *tc.Node, topic, group string, d time.Duration, leaseMs int) (tc.Message, time.Time) {
-	t.Helper()
-	msgs, at := rtFetch(t, n, topic, group, d, 1, leaseMs)
-	if len(msgs) != 1 {
-		t.Fatalf("fetch %s/%s via %s: %d messages within %v, want 1", topic, group, n, len(msgs), d)
-	}
-	return msgs[0], at
-}
-
 // rtExpectNothing fails if a fetch with wait_ms d delivers anything.
 func rtExpectNothing(t *testing.T, n *tc.Node, topic, group string, d time.Duration, why string) {
 	t.Helper()
-	msgs, _, err := n.Fetch(ctxFor(t, d+10*time.Second), topic, group, tc.FetchRequest{Max: 10, WaitMs: int(d / time.Millisecond)})
+	msgs, _, err := n.Fetch(tc.CtxFor(t, d+10*time.Second), topic, group, tc.FetchRequest{Max: 10, WaitMs: int(d / time.Millisecond)})
 	if err != nil {
 		t.Fatalf("fetch %s/%s via %s: %v", topic, group, n, err)
 	}
 	if len(msgs) > 0 {
 		t.Errorf("%s: fetch delivered %d messages, want none: first %d@%d value %q retry_count %d",
-			why, len(msgs), msgs[0].Partition, msgs[0].Offset, values(t, msgs[:1])[0], msgs[0].RetryCount)
+			why, len(msgs), msgs[0].Partition, msgs[0].Offset, systest.Values(t, msgs[:1])[0], msgs[0].RetryCount)
 	}
-}
-
-// rtNack nacks receipts through n and checks every result is ok; it returns
-// when the request was sent and when its answer arrived.
-func rtNack(t *testing.T, n *tc.Node, topic, group string, receipts []string, extra map[string]any) (sent, answered time.Time) {
-	t.Helper()
-	sent = time.Now()
-	res, _, err := n.Nack(ctxFor(t, 15*time.Second), topic, group, receipts, extra)
-	answered = time.Now()
-	if err != nil {
-		t.Fatalf("nack %d receipts %v on %s/%s via %s: %v", len(receipts), extra, topic, group, n, err)
-	}
-	if len(res) != len(receipts) {
-		t.Fatalf("nack: %d results for %d receipts", len(res), len(receipts))
-	}
-	for i, r := range res {
-		if r.Status != "ok" || r.Receipt != receipts[i] {
-			t.Fatalf("nack result %d: %+v, want status ok for receipt %q", i, r, receipts[i])
-		}
-	}
-	return sent, answered
 }
 
 func rtMustAck(t *testing.T, n *tc.Node, topic, group string, msgs []tc.Message) {
 	t.Helper()
-	if err := ackAll(ctxFor(t, 15*time.Second), n, topic, group, msgs); err != nil {
+	if err := tc.AckAll(tc.CtxFor(t, 15*time.Second), n, topic, group, msgs); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func rtReceipts(msgs []tc.Message) []string {
-	out := make([]string, len(msgs))
-	for i, m := range msgs {
-		out[i] = m.Receipt
-	}
-	return out
 }
 
 // rtHi is the upper tolerance for a gap expected to be d.
@@ -328,14 +172,14 @@ func rtParseTime(t *testing.T, what, s string) time.Time {
 // rtCheckLetter checks the fields every dead letter must carry against the
 // published message and the expected history kinds and reasons (reasons nil:
 // not checked).
-func rtCheckLetter(t *testing.T, c *tc.Cluster, l rtDeadLetter, pr tc.PublishResult, payload, key string, retryCount int, kinds, reasons []string) {
+func rtCheckLetter(t *testing.T, c *tc.Cluster, l systest.RtDeadLetter, pr tc.PublishResult, payload, key string, retryCount int, kinds, reasons []string) {
 	t.Helper()
 	if l.ID == 0 {
 		t.Errorf("dead letter id 0: %+v", l)
 	}
-	if l.Partition != pr.Partition || l.Offset != pr.Offset || l.value() != payload || l.IdempotencyKey != key {
+	if l.Partition != pr.Partition || l.Offset != pr.Offset || l.Value() != payload || l.IdempotencyKey != key {
 		t.Errorf("dead letter %d: partition %d offset %d value %q key %q; want %d@%d %q key %q",
-			l.ID, l.Partition, l.Offset, l.value(), l.IdempotencyKey, pr.Partition, pr.Offset, payload, key)
+			l.ID, l.Partition, l.Offset, l.Value(), l.IdempotencyKey, pr.Partition, pr.Offset, payload, key)
 	}
 	if l.RetryCount != retryCount {
 		t.Errorf("dead letter %d: retry_count %d, want %d", l.ID, l.RetryCount, retryCount)
@@ -376,56 +220,17 @@ func rtCheckLetter(t *testing.T, c *tc.Cluster, l rtDeadLetter, pr tc.PublishRes
 	}
 }
 
-// rtPublishBatch publishes msgs in one atomic batch and returns the results.
-func rtPublishBatch(t *testing.T, n *tc.Node, topic string, msgs []map[string]any) []tc.PublishResult {
-	t.Helper()
-	r, err := n.Do(ctxFor(t, 15*time.Second), http.MethodPost, "/v1/topics/"+url.PathEscape(topic)+"/messages:batch",
-		map[string]any{"messages": msgs}, nil)
-	if err != nil {
-		t.Fatalf("batch publish to %s: %v", topic, err)
-	}
-	if err := r.Expect(http.StatusOK); err != nil {
-		t.Fatalf("batch publish to %s: %v", topic, err)
-	}
-	var ans struct {
-		Results []tc.PublishResult `json:"results"`
-	}
-	if err := r.JSON(&ans); err != nil {
-		t.Fatal(err)
-	}
-	if len(ans.Results) != len(msgs) {
-		t.Fatalf("batch publish: %d results for %d messages", len(ans.Results), len(msgs))
-	}
-	return ans.Results
-}
-
-// rtFetchN leases exactly want messages (possibly over several fetches),
-// bounded by d.
-func rtFetchN(t *testing.T, n *tc.Node, topic, group string, want int, d time.Duration, leaseMs int) []tc.Message {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var out []tc.Message
-	for len(out) < want {
-		msgs, _ := rtFetch(t, n, topic, group, time.Until(deadline), want-len(out), leaseMs)
-		if len(msgs) == 0 {
-			t.Fatalf("fetch %s/%s via %s: %d of %d messages within %v", topic, group, n, len(out), want, d)
-		}
-		out = append(out, msgs...)
-	}
-	return out
-}
-
 // ---- 1. backoff gaps ----
 
 // A message nacked three times comes back after ~200, ~400, ~800 ms
 // (base 200, no jitter), with retry_count 1, 2, 3 and reject_reason the
 // previous nack's reason.
 func testRetryBackoffGaps(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-backoff", "g"
-	mustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 200, "backoff_jitter_ms": 0, "backoff_max_ms": 10000, "max_retry": 5})
-	pr := mustPublish(t, fs[0], topic, "backoff me", nil)
-	m, _ := rtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 30000)
+	tc.MustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 200, "backoff_jitter_ms": 0, "backoff_max_ms": 10000, "max_retry": 5})
+	pr := tc.MustPublish(t, fs[0], topic, "backoff me", nil)
+	m, _ := systest.RtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 30000)
 	if m.RetryCount != 0 || m.RejectReason != "" || m.Offset != pr.Offset || m.MaxRetry != 5 {
 		t.Fatalf("first delivery: %d@%d retry_count %d reject_reason %q max_retry %d; want %d@%d retry_count 0, no reason, max_retry 5",
 			m.Partition, m.Offset, m.RetryCount, m.RejectReason, m.MaxRetry, pr.Partition, pr.Offset)
@@ -434,8 +239,8 @@ func testRetryBackoffGaps(t *testing.T, c *tc.Cluster) {
 	var gaps []time.Duration
 	for i, w := range want {
 		reason := fmt.Sprintf("attempt %d failed", i+1)
-		sent, answered := rtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": reason})
-		next, at := rtFetchOne(t, fs[1%len(fs)], topic, group, w+5*time.Second, 30000)
+		sent, answered := systest.RtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": reason})
+		next, at := systest.RtFetchOne(t, fs[1%len(fs)], topic, group, w+5*time.Second, 30000)
 		gap := at.Sub(answered)
 		gaps = append(gaps, gap)
 		t.Logf("retry %d: redelivered %v after the nack answer (%v after it was sent); expected %v",
@@ -467,14 +272,14 @@ func testRetryBackoffGaps(t *testing.T, c *tc.Cluster) {
 
 // backoff_max_ms caps the doubling: base 200, max 300 gives 200, 300, 300.
 func testRetryBackoffCap(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-backoff-cap", "g"
-	mustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 200, "backoff_jitter_ms": 0, "backoff_max_ms": 300, "max_retry": 5})
-	mustPublish(t, fs[0], topic, "capped", nil)
-	m, _ := rtFetchOne(t, leader, topic, group, 5*time.Second, 30000)
+	tc.MustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 200, "backoff_jitter_ms": 0, "backoff_max_ms": 300, "max_retry": 5})
+	tc.MustPublish(t, fs[0], topic, "capped", nil)
+	m, _ := systest.RtFetchOne(t, leader, topic, group, 5*time.Second, 30000)
 	for i, w := range []time.Duration{200 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond} {
-		sent, answered := rtNack(t, leader, topic, group, []string{m.Receipt}, map[string]any{"reason": "again"})
-		next, at := rtFetchOne(t, leader, topic, group, w+5*time.Second, 30000)
+		sent, answered := systest.RtNack(t, leader, topic, group, []string{m.Receipt}, map[string]any{"reason": "again"})
+		next, at := systest.RtFetchOne(t, leader, topic, group, w+5*time.Second, 30000)
 		t.Logf("retry %d: redelivered %v after the nack answer; expected %v", i+1, at.Sub(answered).Round(time.Millisecond), w)
 		rtCheckGap(t, fmt.Sprintf("capped retry %d", i+1), w, rtHi(w), at.Sub(sent), at.Sub(answered))
 		if next.RetryCount != i+1 {
@@ -488,24 +293,24 @@ func testRetryBackoffCap(t *testing.T, c *tc.Cluster) {
 // Mq-Max-Retry, Mq-Backoff-Base-Ms and Mq-Backoff-Jitter-Ms override the
 // topic's policy for one message.
 func testRetryPerMessagePolicy(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-per-message", "g"
-	mustTopic(t, leader, topic, map[string]any{"max_retry": 5, "backoff_base_ms": 5000, "backoff_jitter_ms": 1000})
-	pr := mustPublish(t, fs[0], topic, "own policy", map[string]string{
+	tc.MustTopic(t, leader, topic, map[string]any{"max_retry": 5, "backoff_base_ms": 5000, "backoff_jitter_ms": 1000})
+	pr := tc.MustPublish(t, fs[0], topic, "own policy", map[string]string{
 		"Mq-Max-Retry": "1", "Mq-Backoff-Base-Ms": "150", "Mq-Backoff-Jitter-Ms": "0"})
-	m, _ := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
+	m, _ := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
 	if m.MaxRetry != 1 {
 		t.Errorf("delivery max_retry %d, want the message's Mq-Max-Retry 1", m.MaxRetry)
 	}
-	sent, answered := rtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "first"})
-	m2, at := rtFetchOne(t, fs[0], topic, group, 8*time.Second, 30000)
+	sent, answered := systest.RtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "first"})
+	m2, at := systest.RtFetchOne(t, fs[0], topic, group, 8*time.Second, 30000)
 	t.Logf("redelivered %v after the nack answer (message backoff 150 ms; topic's would be 5000-6000 ms)", at.Sub(answered).Round(time.Millisecond))
 	rtCheckGap(t, "per-message backoff 150 ms", 150*time.Millisecond, rtHi(150*time.Millisecond), at.Sub(sent), at.Sub(answered))
 	if m2.RetryCount != 1 || m2.MaxRetry != 1 {
 		t.Errorf("redelivery retry_count %d max_retry %d, want 1 and 1", m2.RetryCount, m2.MaxRetry)
 	}
-	rtNack(t, fs[0], topic, group, []string{m2.Receipt}, map[string]any{"reason": "second"})
-	letters := rtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
+	systest.RtNack(t, fs[0], topic, group, []string{m2.Receipt}, map[string]any{"reason": "second"})
+	letters := systest.RtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
 	rtCheckLetter(t, c, letters[0], pr, "own policy", "", 2, []string{"nack", "nack"}, []string{"first", "second"})
 	rtExpectNothing(t, fs[0], topic, group, 500*time.Millisecond, "after the message's own max_retry 1 was exhausted")
 }
@@ -516,22 +321,22 @@ func testRetryPerMessagePolicy(t *testing.T, c *tc.Cluster) {
 // once comes within [100, 400+tolerance] ms, and the gaps are not all
 // equal (the jitter is drawn per message).
 func testRetryJitter(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group, n = "retry-jitter", "g", 10
-	mustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 100, "backoff_jitter_ms": 300, "backoff_max_ms": 10000, "max_retry": 5})
+	tc.MustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 100, "backoff_jitter_ms": 300, "backoff_max_ms": 10000, "max_retry": 5})
 	var batch []map[string]any
 	for i := range n {
 		batch = append(batch, map[string]any{"value": fmt.Sprintf("j-%02d", i)})
 	}
-	rtPublishBatch(t, fs[0], topic, batch)
-	first := rtFetchN(t, fs[0], topic, group, n, 5*time.Second, 30000)
-	sent, answered := rtNack(t, fs[0], topic, group, rtReceipts(first), map[string]any{"reason": "jitter"})
-	arrived := map[posKey]time.Time{}
+	systest.RtPublishBatch(t, fs[0], topic, batch)
+	first := systest.RtFetchN(t, fs[0], topic, group, n, 5*time.Second, 30000)
+	sent, answered := systest.RtNack(t, fs[0], topic, group, systest.RtReceipts(first), map[string]any{"reason": "jitter"})
+	arrived := map[systest.PosKey]time.Time{}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(arrived) < n && time.Now().Before(deadline) {
-		msgs, at := rtFetch(t, fs[0], topic, group, time.Until(deadline), n, 30000)
+		msgs, at := systest.RtFetch(t, fs[0], topic, group, time.Until(deadline), n, 30000)
 		for _, m := range msgs {
-			k := posKey{m.Partition, m.Offset}
+			k := systest.PosKey{Partition: m.Partition, Offset: m.Offset}
 			if _, dup := arrived[k]; dup {
 				t.Errorf("message %d@%d delivered twice after one nack", m.Partition, m.Offset)
 			}
@@ -564,21 +369,21 @@ func testRetryJitter(t *testing.T, c *tc.Cluster) {
 // max_retry 2: the third nack sends the message to the DLQ with
 // retry_count 3, the last reason, and three "nack" history entries.
 func testRetryMaxRetryToDLQ(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-exhaust", "g"
-	mustTopic(t, leader, topic, map[string]any{"max_retry": 2, "backoff_base_ms": 50, "backoff_jitter_ms": 0})
-	pr := mustPublish(t, fs[0], topic, "doomed", map[string]string{"Idempotency-Key": "exhaust-1", "Mq-Attr-Origin": "retry-test"})
+	tc.MustTopic(t, leader, topic, map[string]any{"max_retry": 2, "backoff_base_ms": 50, "backoff_jitter_ms": 0})
+	pr := tc.MustPublish(t, fs[0], topic, "doomed", map[string]string{"Idempotency-Key": "exhaust-1", "Mq-Attr-Origin": "retry-test"})
 	reasons := []string{"timeout talking to db", "db still down", "giving up"}
 	nodes := c.Nodes()
 	for i, reason := range reasons {
-		m, _ := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
+		m, _ := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
 		if m.Offset != pr.Offset || m.RetryCount != i {
 			t.Fatalf("delivery %d: %d@%d retry_count %d, want %d@%d retry_count %d", i, m.Partition, m.Offset, m.RetryCount, pr.Partition, pr.Offset, i)
 		}
 		// Nack through each node in turn.
-		rtNack(t, nodes[i%len(nodes)], topic, group, []string{m.Receipt}, map[string]any{"reason": reason})
+		systest.RtNack(t, nodes[i%len(nodes)], topic, group, []string{m.Receipt}, map[string]any{"reason": reason})
 	}
-	letters := rtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
+	letters := systest.RtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
 	l := letters[0]
 	rtCheckLetter(t, c, l, pr, "doomed", "exhaust-1", 3, []string{"nack", "nack", "nack"}, reasons)
 	if l.RejectReason != "giving up" {
@@ -600,18 +405,18 @@ func testRetryMaxRetryToDLQ(t *testing.T, c *tc.Cluster) {
 // ---- 4. non-retryable nack ----
 
 func testRetryNonRetryable(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-reject", "g"
-	mustTopic(t, leader, topic, map[string]any{"max_retry": 5, "backoff_base_ms": 50, "backoff_jitter_ms": 0})
-	pr := mustPublish(t, fs[0], topic, "malformed order", map[string]string{"Idempotency-Key": "reject-1"})
-	m, _ := rtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 30000)
-	rtNack(t, fs[1%len(fs)], topic, group, []string{m.Receipt}, map[string]any{"reason": "schema violation", "retryable": false})
-	letters := rtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
+	tc.MustTopic(t, leader, topic, map[string]any{"max_retry": 5, "backoff_base_ms": 50, "backoff_jitter_ms": 0})
+	pr := tc.MustPublish(t, fs[0], topic, "malformed order", map[string]string{"Idempotency-Key": "reject-1"})
+	m, _ := systest.RtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 30000)
+	systest.RtNack(t, fs[1%len(fs)], topic, group, []string{m.Receipt}, map[string]any{"reason": "schema violation", "retryable": false})
+	letters := systest.RtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
 	rtCheckLetter(t, c, letters[0], pr, "malformed order", "reject-1", 1, []string{"rejected"}, []string{"schema violation"})
 	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 1, in_flight == 0", func(s tc.GroupStats) bool { return s.DLQ == 1 && s.InFlight == 0 })
 	rtExpectNothing(t, fs[0], topic, group, time.Second, "after a non-retryable nack")
 	// The receipt is spent.
-	res, _, err := fs[0].Ack(ctxFor(t, 10*time.Second), topic, group, []string{m.Receipt})
+	res, _, err := fs[0].Ack(tc.CtxFor(t, 10*time.Second), topic, group, []string{m.Receipt})
 	if err != nil || len(res) != 1 || res[0].Status != "stale" {
 		t.Errorf("ack of the rejected delivery's receipt: %+v %v; want stale", res, err)
 	}
@@ -622,15 +427,15 @@ func testRetryNonRetryable(t *testing.T, c *tc.Cluster) {
 // lease_ms 300, never acked, base 100, max_retry 1: two expiries send the
 // message to the DLQ with two "lease_expired" history entries.
 func testRetryLeaseExpiry(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "retry-lease", "g"
-	mustTopic(t, leader, topic, map[string]any{"max_retry": 1, "backoff_base_ms": 100, "backoff_jitter_ms": 0})
-	pr := mustPublish(t, fs[0], topic, "slow consumer", nil)
-	m1, at1 := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 300)
+	tc.MustTopic(t, leader, topic, map[string]any{"max_retry": 1, "backoff_base_ms": 100, "backoff_jitter_ms": 0})
+	pr := tc.MustPublish(t, fs[0], topic, "slow consumer", nil)
+	m1, at1 := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 300)
 	if m1.RetryCount != 0 {
 		t.Errorf("first delivery retry_count %d, want 0", m1.RetryCount)
 	}
-	m2, at2 := rtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 300)
+	m2, at2 := systest.RtFetchOne(t, fs[1%len(fs)], topic, group, 5*time.Second, 300)
 	t.Logf("redelivered %v after the first fetch answered (lease 300 + backoff 100); reject_reason %q", at2.Sub(at1).Round(time.Millisecond), m2.RejectReason)
 	if m2.Offset != pr.Offset || m2.RetryCount != 1 {
 		t.Errorf("after the lease expired: %d@%d retry_count %d, want %d@%d retry_count 1", m2.Partition, m2.Offset, m2.RetryCount, pr.Partition, pr.Offset)
@@ -641,10 +446,10 @@ func testRetryLeaseExpiry(t *testing.T, c *tc.Cluster) {
 	if gap := at2.Sub(at1); gap < 350*time.Millisecond {
 		t.Errorf("redelivered %v after the first fetch, before lease (300 ms) + backoff (100 ms) could pass", gap)
 	}
-	letters := rtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
+	letters := systest.RtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
 	rtCheckLetter(t, c, letters[0], pr, "slow consumer", "", 2, []string{"lease_expired", "lease_expired"}, nil)
 	t.Logf("dead letter after two expiries: reject_reason %q history %+v", letters[0].RejectReason, letters[0].History)
-	res, _, err := fs[0].Ack(ctxFor(t, 10*time.Second), topic, group, []string{m1.Receipt, m2.Receipt})
+	res, _, err := fs[0].Ack(tc.CtxFor(t, 10*time.Second), topic, group, []string{m1.Receipt, m2.Receipt})
 	if err != nil || len(res) != 2 || res[0].Status != "stale" || res[1].Status != "stale" {
 		t.Errorf("ack of both expired receipts: %+v %v; want stale, stale", res, err)
 	}
@@ -659,23 +464,23 @@ func testRetryLeaseExpiry(t *testing.T, c *tc.Cluster) {
 // A delayed message (Mq-Delay-Ms 3000) does not hold back the five
 // published after it in its partition; it arrives about 3 s after its publish.
 func testRetryNoHOLDelayed(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "hol-delay", "g"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 1})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 1})
 	sent := time.Now()
-	delayed := mustPublish(t, fs[0], topic, "later", map[string]string{"Mq-Delay-Ms": "3000"})
+	delayed := tc.MustPublish(t, fs[0], topic, "later", map[string]string{"Mq-Delay-Ms": "3000"})
 	answered := time.Now()
 	for i := range 5 {
-		mustPublish(t, fs[0], topic, fmt.Sprintf("now-%d", i), nil)
+		tc.MustPublish(t, fs[0], topic, fmt.Sprintf("now-%d", i), nil)
 	}
 	start := time.Now()
 	var got []tc.Message
 	for len(got) < 5 && time.Since(start) < 1500*time.Millisecond {
-		msgs, _ := rtFetch(t, fs[1%len(fs)], topic, group, 1500*time.Millisecond-time.Since(start), 10, 30000)
+		msgs, _ := systest.RtFetch(t, fs[1%len(fs)], topic, group, 1500*time.Millisecond-time.Since(start), 10, 30000)
 		got = append(got, msgs...)
 	}
 	took := time.Since(start)
-	vals := values(t, got)
+	vals := systest.Values(t, got)
 	if slices.Contains(vals, "later") {
 		t.Fatalf("delayed message delivered %v after its publish, before its 3 s delay: %v", time.Since(sent), vals)
 	}
@@ -684,15 +489,15 @@ func testRetryNoHOLDelayed(t *testing.T, c *tc.Cluster) {
 	}
 	t.Logf("5 messages behind the delayed one delivered within %v", took.Round(time.Millisecond))
 	rtMustAck(t, fs[1%len(fs)], topic, group, got)
-	s, ok, err := rtStats(ctxFor(t, 5*time.Second), leader, topic, group)
+	s, ok, err := systest.RtStats(tc.CtxFor(t, 5*time.Second), leader, topic, group)
 	if err != nil || !ok {
 		t.Fatalf("stats: %v %v", ok, err)
 	}
 	if time.Since(sent) < 2500*time.Millisecond && (s.Delayed != 1 || s.Backlog != 0 || s.InFlight != 0) {
 		t.Errorf("stats while the delayed message waits: %+v; want delayed 1, backlog 0, in_flight 0", s)
 	}
-	m, at := rtFetchOne(t, fs[0], topic, group, 6*time.Second, 30000)
-	if m.Offset != delayed.Offset || values(t, []tc.Message{m})[0] != "later" {
+	m, at := systest.RtFetchOne(t, fs[0], topic, group, 6*time.Second, 30000)
+	if m.Offset != delayed.Offset || systest.Values(t, []tc.Message{m})[0] != "later" {
 		t.Fatalf("after the delay: got %d@%d, want the delayed message at offset %d", m.Partition, m.Offset, delayed.Offset)
 	}
 	t.Logf("delayed message (3000 ms) delivered %v after its publish was answered", at.Sub(answered).Round(time.Millisecond))
@@ -706,24 +511,24 @@ func testRetryNoHOLDelayed(t *testing.T, c *tc.Cluster) {
 // A message waiting out a nack's delay_ms 3000 does not hold back later
 // messages of its partition; it returns after about 3 s.
 func testRetryNoHOLBackoff(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "hol-backoff", "g"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 1, "backoff_base_ms": 100, "backoff_jitter_ms": 0})
-	a := mustPublish(t, fs[0], topic, "A", nil)
-	m, _ := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 1, "backoff_base_ms": 100, "backoff_jitter_ms": 0})
+	a := tc.MustPublish(t, fs[0], topic, "A", nil)
+	m, _ := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
 	if m.Offset != a.Offset {
 		t.Fatalf("first fetch: offset %d, want %d", m.Offset, a.Offset)
 	}
-	sent, answered := rtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "later please", "delay_ms": 3000})
-	mustPublish(t, fs[1%len(fs)], topic, "B", nil)
-	mustPublish(t, fs[1%len(fs)], topic, "C", nil)
+	sent, answered := systest.RtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "later please", "delay_ms": 3000})
+	tc.MustPublish(t, fs[1%len(fs)], topic, "B", nil)
+	tc.MustPublish(t, fs[1%len(fs)], topic, "C", nil)
 	start := time.Now()
 	var got []tc.Message
 	for len(got) < 2 && time.Since(start) < 1500*time.Millisecond {
-		msgs, _ := rtFetch(t, fs[1%len(fs)], topic, group, 1500*time.Millisecond-time.Since(start), 10, 30000)
+		msgs, _ := systest.RtFetch(t, fs[1%len(fs)], topic, group, 1500*time.Millisecond-time.Since(start), 10, 30000)
 		got = append(got, msgs...)
 	}
-	vals := values(t, got)
+	vals := systest.Values(t, got)
 	if slices.Contains(vals, "A") {
 		t.Fatalf("A came back %v after a nack with delay_ms 3000: %v", time.Since(answered), vals)
 	}
@@ -731,12 +536,12 @@ func testRetryNoHOLBackoff(t *testing.T, c *tc.Cluster) {
 		t.Fatalf("messages behind A (waiting out delay_ms 3000): got %v within 1.5 s, want [B C]", vals)
 	}
 	rtMustAck(t, fs[1%len(fs)], topic, group, got)
-	if st, ok, err := rtStats(ctxFor(t, 5*time.Second), leader, topic, group); err != nil || !ok {
+	if st, ok, err := systest.RtStats(tc.CtxFor(t, 5*time.Second), leader, topic, group); err != nil || !ok {
 		t.Errorf("stats: %v %v", ok, err)
 	} else if time.Since(answered) < 2500*time.Millisecond && (st.Delayed != 1 || st.Backlog != 0 || st.InFlight != 0) {
 		t.Errorf("stats while A waits out its delay: %+v; want delayed 1, backlog 0, in_flight 0", st)
 	}
-	back, at := rtFetchOne(t, fs[0], topic, group, 6*time.Second, 30000)
+	back, at := systest.RtFetchOne(t, fs[0], topic, group, 6*time.Second, 30000)
 	t.Logf("A redelivered %v after the nack answer (delay_ms 3000)", at.Sub(answered).Round(time.Millisecond))
 	if back.Offset != a.Offset || back.RetryCount != 1 || back.RejectReason != "later please" {
 		t.Errorf("redelivery: offset %d retry_count %d reject_reason %q; want %d, 1, %q", back.Offset, back.RetryCount, back.RejectReason, a.Offset, "later please")
@@ -749,30 +554,30 @@ func testRetryNoHOLBackoff(t *testing.T, c *tc.Cluster) {
 // stall it: the ten behind it are all consumed and acked while it cycles
 // through its retries into the DLQ.
 func testRetryNoHOLPoison(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group, n = "hol-poison", "g", 10
-	mustTopic(t, leader, topic, map[string]any{"partitions": 1, "max_retry": 3, "backoff_base_ms": 300, "backoff_jitter_ms": 0})
-	poison := mustPublish(t, fs[0], topic, "poison", nil)
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 1, "max_retry": 3, "backoff_base_ms": 300, "backoff_jitter_ms": 0})
+	poison := tc.MustPublish(t, fs[0], topic, "poison", nil)
 	var batch []map[string]any
 	for i := range n {
 		batch = append(batch, map[string]any{"value": fmt.Sprintf("good-%02d", i)})
 	}
-	rtPublishBatch(t, fs[0], topic, batch)
+	systest.RtPublishBatch(t, fs[0], topic, batch)
 
 	acked := map[string]int{}
 	var poisonRetries []int
 	var lastGoodAck time.Time
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) && (len(acked) < n || len(poisonRetries) < 4) {
-		msgs, _ := rtFetch(t, fs[1%len(fs)], topic, group, min(time.Until(deadline), 3*time.Second), 1, 30000)
+		msgs, _ := systest.RtFetch(t, fs[1%len(fs)], topic, group, min(time.Until(deadline), 3*time.Second), 1, 30000)
 		if len(msgs) == 0 {
 			break
 		}
 		m := msgs[0]
-		switch v := values(t, msgs)[0]; v {
+		switch v := systest.Values(t, msgs)[0]; v {
 		case "poison":
 			poisonRetries = append(poisonRetries, m.RetryCount)
-			rtNack(t, fs[1%len(fs)], topic, group, []string{m.Receipt}, map[string]any{"reason": "cannot parse"})
+			systest.RtNack(t, fs[1%len(fs)], topic, group, []string{m.Receipt}, map[string]any{"reason": "cannot parse"})
 		default:
 			rtMustAck(t, fs[1%len(fs)], topic, group, msgs)
 			acked[v]++
@@ -790,7 +595,7 @@ func testRetryNoHOLPoison(t *testing.T, c *tc.Cluster) {
 	if !slices.Equal(poisonRetries, []int{0, 1, 2, 3}) {
 		t.Errorf("poison message delivered with retry_counts %v, want [0 1 2 3] (max_retry 3)", poisonRetries)
 	}
-	letters := rtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
+	letters := systest.RtWaitDLQ(t, leader, topic, group, 1, 5*time.Second)
 	l := letters[0]
 	rtCheckLetter(t, c, l, poison, "poison", "", 4, []string{"nack", "nack", "nack", "nack"},
 		[]string{"cannot parse", "cannot parse", "cannot parse", "cannot parse"})
@@ -806,26 +611,26 @@ func testRetryNoHOLPoison(t *testing.T, c *tc.Cluster) {
 // ---- 7. a pending retry survives a leader kill ----
 
 func testRetrySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	via := fs[0]
 	const topic, group = "failover-retry", "g"
-	mustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 3000, "backoff_jitter_ms": 0, "max_retry": 5})
-	pr := mustPublish(t, via, topic, "survive", nil)
-	m, _ := rtFetchOne(t, via, topic, group, 5*time.Second, 30000)
-	sent, answered := rtNack(t, via, topic, group, []string{m.Receipt}, map[string]any{"reason": "before the crash"})
+	tc.MustTopic(t, leader, topic, map[string]any{"backoff_base_ms": 3000, "backoff_jitter_ms": 0, "max_retry": 5})
+	pr := tc.MustPublish(t, via, topic, "survive", nil)
+	m, _ := systest.RtFetchOne(t, via, topic, group, 5*time.Second, 30000)
+	sent, answered := systest.RtNack(t, via, topic, group, []string{m.Receipt}, map[string]any{"reason": "before the crash"})
 	leader.Kill()
 	killed := time.Since(answered)
 	// The retry cannot be handed out before there is a leader again: an
 	// election with split votes takes seconds on a loaded machine.
 	elected := make(chan time.Time, 1)
 	go func() {
-		if _, err := c.Leader(ctxFor(t, 15*time.Second)); err == nil {
+		if _, err := c.Leader(tc.CtxFor(t, 15*time.Second)); err == nil {
 			elected <- time.Now()
 		}
 		close(elected)
 	}()
-	back, at := rtFetchOne(t, via, topic, group, 15*time.Second, 30000)
-	nl := mustLeader(t, c)
+	back, at := systest.RtFetchOne(t, via, topic, group, 15*time.Second, 30000)
+	nl := tc.MustLeader(t, c)
 	electedAt, ok := <-elected
 	if !ok {
 		t.Fatalf("no leader agreed within 15 s of killing %s", leader)
@@ -847,7 +652,7 @@ func testRetrySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 
 	// Bring the killed node back for the next scenario.
 	leader.Restart()
-	if _, err := c.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 30*time.Second)); err != nil {
 		t.Fatalf("cluster not ready after restarting %s: %v", leader, err)
 	}
 }
@@ -858,16 +663,16 @@ func testRetrySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 // DLQ and replay_pending shrink to 0; replayed messages have retry_count 0
 // and keep their idempotency key.
 func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group, n = "dlq-replay-rate", "g", 30
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
 	var batch []map[string]any
 	for i := range n {
 		batch = append(batch, map[string]any{"value": fmt.Sprintf("rr-%02d", i), "idempotency_key": fmt.Sprintf("rk-%02d", i)})
 	}
-	rtPublishBatch(t, fs[0], topic, batch)
-	first := rtFetchN(t, fs[0], topic, group, n, 5*time.Second, 30000)
-	rtNack(t, fs[0], topic, group, rtReceipts(first), map[string]any{"reason": "reject all", "retryable": false})
+	systest.RtPublishBatch(t, fs[0], topic, batch)
+	first := systest.RtFetchN(t, fs[0], topic, group, n, 5*time.Second, 30000)
+	systest.RtNack(t, fs[0], topic, group, systest.RtReceipts(first), map[string]any{"reason": "reject all", "retryable": false})
 	rtWaitStats(t, fs[0], topic, group, 5*time.Second, "dlq == 30", func(s tc.GroupStats) bool { return s.DLQ == n && s.InFlight == 0 })
 
 	accepted := rtReplay(t, fs[1%len(fs)], topic, group, map[string]any{"all": true, "rate_per_sec": 10})
@@ -879,9 +684,9 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 	var statsSeen []tc.GroupStats
 	deadline := start.Add(10 * time.Second)
 	for len(arrived) < n && time.Now().Before(deadline) {
-		msgs, at := rtFetch(t, fs[0], topic, group, min(time.Until(deadline), 500*time.Millisecond), n, 30000)
+		msgs, at := systest.RtFetch(t, fs[0], topic, group, min(time.Until(deadline), 500*time.Millisecond), n, 30000)
 		for _, m := range msgs {
-			v := values(t, []tc.Message{m})[0]
+			v := systest.Values(t, []tc.Message{m})[0]
 			if _, dup := arrived[v]; dup {
 				t.Errorf("replayed message %s delivered twice", v)
 			}
@@ -896,7 +701,7 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 		if len(msgs) > 0 {
 			rtMustAck(t, fs[0], topic, group, msgs)
 		}
-		if s, ok, err := rtStats(ctxFor(t, 5*time.Second), leader, topic, group); err == nil && ok {
+		if s, ok, err := systest.RtStats(tc.CtxFor(t, 5*time.Second), leader, topic, group); err == nil && ok {
 			statsSeen = append(statsSeen, s)
 		}
 	}
@@ -947,7 +752,7 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 	if s.InFlight != 0 || s.Backlog != 0 || s.Acked != n {
 		t.Errorf("stats after the replay was consumed: %+v; want in_flight 0, backlog 0, acked %d", s, n)
 	}
-	if p := rtMustListDLQ(t, fs[0], topic, group, ""); len(p.DeadLetters) != 0 {
+	if p := systest.RtMustListDLQ(t, fs[0], topic, group, ""); len(p.DeadLetters) != 0 {
 		t.Errorf("GET dlq after the replay: %d letters left", len(p.DeadLetters))
 	}
 }
@@ -955,17 +760,17 @@ func testDLQReplayRate(t *testing.T, c *tc.Cluster) {
 // ---- 9. a replay survives a leader kill ----
 
 func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	via := fs[0]
 	const topic, group, n = "failover-replay", "g", 40
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2, "backoff_base_ms": 100, "backoff_jitter_ms": 0, "max_retry": 10})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2, "backoff_base_ms": 100, "backoff_jitter_ms": 0, "max_retry": 10})
 	var batch []map[string]any
 	for i := range n {
 		batch = append(batch, map[string]any{"value": fmt.Sprintf("fr-%02d", i)})
 	}
-	rtPublishBatch(t, via, topic, batch)
-	first := rtFetchN(t, via, topic, group, n, 5*time.Second, 30000)
-	rtNack(t, via, topic, group, rtReceipts(first), map[string]any{"reason": "bury", "retryable": false})
+	systest.RtPublishBatch(t, via, topic, batch)
+	first := systest.RtFetchN(t, via, topic, group, n, 5*time.Second, 30000)
+	systest.RtNack(t, via, topic, group, systest.RtReceipts(first), map[string]any{"reason": "bury", "retryable": false})
 	rtWaitStats(t, via, topic, group, 5*time.Second, "dlq == 40", func(s tc.GroupStats) bool { return s.DLQ == n })
 	if got := rtReplay(t, via, topic, group, map[string]any{"all": true, "rate_per_sec": 8}); got != n {
 		t.Fatalf("replay all: accepted %d, want %d", got, n)
@@ -1001,7 +806,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 			msgs, _, err := via.Fetch(ctx, topic, group, tc.FetchRequest{Max: 10, WaitMs: 500, LeaseMs: 3000})
 			cancel()
 			if err != nil {
-				if !retryable(err) {
+				if !tc.Retryable(err) {
 					mu.Lock()
 					consumeErr = err
 					mu.Unlock()
@@ -1015,7 +820,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 			}
 			mu.Lock()
 			for _, m := range msgs {
-				v := string(mustValue(m))
+				v := string(systest.MustValue(m))
 				deliveries = append(deliveries, delivery{v, m.RetryCount, time.Since(start)})
 				if _, ok := ackedOK[v]; ok {
 					afterAck = append(afterAck, fmt.Sprintf("%s (retry_count %d)", v, m.RetryCount))
@@ -1023,14 +828,14 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 			}
 			mu.Unlock()
 			ctx, cancel = context.WithTimeout(context.Background(), 8*time.Second)
-			res, _, err := via.Ack(ctx, topic, group, rtReceipts(msgs))
+			res, _, err := via.Ack(ctx, topic, group, systest.RtReceipts(msgs))
 			cancel()
 			if err != nil || len(res) != len(msgs) {
 				// Unknown outcome: if the ack was lost the lease expires and
 				// the message comes back; if it committed, the group has it.
 				mu.Lock()
 				for _, m := range msgs {
-					ackUnknown[string(mustValue(m))] = true
+					ackUnknown[string(systest.MustValue(m))] = true
 				}
 				mu.Unlock()
 				continue
@@ -1038,7 +843,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 			mu.Lock()
 			for i, r := range res {
 				if r.Status == "ok" {
-					ackedOK[string(mustValue(msgs[i]))] = time.Since(start)
+					ackedOK[string(systest.MustValue(msgs[i]))] = time.Since(start)
 				}
 			}
 			mu.Unlock()
@@ -1081,7 +886,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 		all := true
 		for _, x := range c.Live() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			st, _, err := rtStats(sctx, x, topic, group)
+			st, _, err := systest.RtStats(sctx, x, topic, group)
 			cancel()
 			views = append(views, fmt.Sprintf("%s: %+v (%v)", x, st, err))
 			all = all && err == nil && st.Acked == n && st.InFlight == 0 && st.Backlog == 0 && st.DLQ == 0 && st.ReplayPending == 0
@@ -1113,7 +918,7 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 	<-done
 	mu.Lock()
 	defer mu.Unlock()
-	nl := mustLeader(t, c)
+	nl := tc.MustLeader(t, c)
 	t.Logf("new leader %s; %d deliveries, %d acked ok, last ack %v after the replay answer", nl, len(deliveries), len(ackedOK), maxDur(ackedOK).Round(time.Millisecond))
 	notOK, open := unsettled()
 	settled, views := groupDone()
@@ -1131,12 +936,12 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 		// its dead letters, and each delivery.
 		for _, x := range c.Live() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			st, _, err := rtStats(sctx, x, topic, group)
-			p, derr := rtListDLQ(sctx, x, topic, group, "")
+			st, _, err := systest.RtStats(sctx, x, topic, group)
+			p, derr := systest.RtListDLQ(sctx, x, topic, group, "")
 			cancel()
 			var dead []string
 			for _, d := range p.DeadLetters {
-				dead = append(dead, d.value())
+				dead = append(dead, d.Value())
 			}
 			t.Logf("%s: stats %+v (%v); dead letters %v (%v)", x, st, err, dead, derr)
 		}
@@ -1171,17 +976,9 @@ func testDLQReplaySurvivesLeaderKill(t *testing.T, c *tc.Cluster) {
 		t.Errorf("stats after the replay: %+v; want acked %d", s, n)
 	}
 	leader.Restart()
-	if _, err := c.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 30*time.Second)); err != nil {
 		t.Errorf("cluster not ready after restarting %s: %v", leader, err)
 	}
-}
-
-func mustValue(m tc.Message) []byte {
-	v, err := m.Value()
-	if err != nil {
-		return []byte("<bad value_b64 " + m.ValueB64 + ">")
-	}
-	return v
 }
 
 func maxDur(m map[string]time.Duration) time.Duration {
@@ -1198,25 +995,25 @@ func maxDur(m map[string]time.Duration) time.Duration {
 // (published after the publish dedup window) is acked by the group; the
 // replayed dead K must not be delivered to that group again.
 func testDLQReplayIdempotency(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group, key = "dlq-idem", "g", "order-4711"
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
-	first := mustPublish(t, fs[0], topic, "first", map[string]string{"Idempotency-Key": key})
-	m, _ := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 1500})
+	first := tc.MustPublish(t, fs[0], topic, "first", map[string]string{"Idempotency-Key": key})
+	m, _ := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
 	if m.Offset != first.Offset || m.IdempotencyKey != key {
 		t.Fatalf("first delivery %d@%d key %q, want %d@%d key %q", m.Partition, m.Offset, m.IdempotencyKey, first.Partition, first.Offset, key)
 	}
-	rtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "downstream refused", "retryable": false})
-	letters := rtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
+	systest.RtNack(t, fs[0], topic, group, []string{m.Receipt}, map[string]any{"reason": "downstream refused", "retryable": false})
+	letters := systest.RtWaitDLQ(t, fs[0], topic, group, 1, 5*time.Second)
 	deadID := letters[0].ID
 
 	// Keys recorded from now on keep a long window (for the group's ack of K).
-	mustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 600000})
+	tc.MustTopic(t, leader, topic, map[string]any{"dedup_window_ms": 600000})
 	// Publish K again until the first publish's 1.5 s window has passed.
 	var second tc.PublishResult
 	deadline := time.Now().Add(8 * time.Second)
 	for {
-		second = mustPublish(t, fs[1%len(fs)], topic, "second", map[string]string{"Idempotency-Key": key})
+		second = tc.MustPublish(t, fs[1%len(fs)], topic, "second", map[string]string{"Idempotency-Key": key})
 		if !second.Duplicate {
 			break
 		}
@@ -1228,9 +1025,9 @@ func testDLQReplayIdempotency(t *testing.T, c *tc.Cluster) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	m2, _ := rtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
-	if m2.Offset != second.Offset || values(t, []tc.Message{m2})[0] != "second" {
-		t.Fatalf("second delivery %d@%d %q, want %d@%d \"second\"", m2.Partition, m2.Offset, values(t, []tc.Message{m2})[0], second.Partition, second.Offset)
+	m2, _ := systest.RtFetchOne(t, fs[0], topic, group, 5*time.Second, 30000)
+	if m2.Offset != second.Offset || systest.Values(t, []tc.Message{m2})[0] != "second" {
+		t.Fatalf("second delivery %d@%d %q, want %d@%d \"second\"", m2.Partition, m2.Offset, systest.Values(t, []tc.Message{m2})[0], second.Partition, second.Offset)
 	}
 	rtMustAck(t, fs[0], topic, group, []tc.Message{m2})
 	before := rtWaitStats(t, fs[0], topic, group, 5*time.Second, "acked == 1", func(s tc.GroupStats) bool { return s.Acked == 1 && s.DLQ == 1 })
@@ -1252,10 +1049,10 @@ func testDLQReplayIdempotency(t *testing.T, c *tc.Cluster) {
 // ---- 11. delete and paging ----
 
 func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
-	leader, fs := mustRoles(t, c)
+	leader, fs := tc.MustRoles(t, c)
 	const topic, group = "dlq-paging", "g"
 	// Publish dedup off, so that several messages may carry one key.
-	mustTopic(t, leader, topic, map[string]any{"partitions": 1, "dedup_window_ms": 0})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 1, "dedup_window_ms": 0})
 	type spec struct{ value, key string }
 	specs := []spec{{"p0", "kA"}, {"p1", "kB"}, {"p2", ""}, {"p3", "kA"}, {"p4", "kB"}, {"p5", "kA"}, {"p6", ""}}
 	offsets := map[string]int64{}
@@ -1264,7 +1061,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		if s.key != "" {
 			hdr["Idempotency-Key"] = s.key
 		}
-		pr := mustPublish(t, fs[0], topic, s.value, hdr)
+		pr := tc.MustPublish(t, fs[0], topic, s.value, hdr)
 		if pr.Duplicate {
 			t.Fatalf("publish %s with dedup_window_ms 0 answered duplicate", s.value)
 		}
@@ -1274,24 +1071,24 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 	deadline := time.Now().Add(10 * time.Second)
 	rejected := 0
 	for rejected < len(specs) && time.Now().Before(deadline) {
-		msgs, _ := rtFetch(t, fs[0], topic, group, time.Until(deadline), 10, 30000)
+		msgs, _ := systest.RtFetch(t, fs[0], topic, group, time.Until(deadline), 10, 30000)
 		if len(msgs) == 0 {
 			break
 		}
 		sort.Slice(msgs, func(i, j int) bool { return msgs[i].Offset < msgs[j].Offset })
-		rtNack(t, fs[0], topic, group, rtReceipts(msgs), map[string]any{"reason": "bad", "retryable": false})
+		systest.RtNack(t, fs[0], topic, group, systest.RtReceipts(msgs), map[string]any{"reason": "bad", "retryable": false})
 		rejected += len(msgs)
 	}
 	if rejected != len(specs) {
 		t.Fatalf("rejected %d of %d messages within 10 s", rejected, len(specs))
 	}
-	all := rtWaitDLQ(t, fs[1%len(fs)], topic, group, len(specs), 5*time.Second)
-	byValue := map[string]rtDeadLetter{}
+	all := systest.RtWaitDLQ(t, fs[1%len(fs)], topic, group, len(specs), 5*time.Second)
+	byValue := map[string]systest.RtDeadLetter{}
 	for i, l := range all {
 		if i > 0 && l.ID <= all[i-1].ID {
 			t.Errorf("dead letters not oldest first: id %d after %d", l.ID, all[i-1].ID)
 		}
-		byValue[l.value()] = l
+		byValue[l.Value()] = l
 	}
 	for _, s := range specs {
 		l, ok := byValue[s.value]
@@ -1310,7 +1107,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		if page > 5 {
 			t.Fatalf("paging did not end after 5 pages: %v", paged)
 		}
-		p := rtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("limit=3&after=%d", after))
+		p := systest.RtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("limit=3&after=%d", after))
 		if len(p.DeadLetters) > 3 {
 			t.Fatalf("limit=3 answered %d letters", len(p.DeadLetters))
 		}
@@ -1332,7 +1129,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		after = *p.NextAfter
 	}
 	// A last page that is full: nothing follows, so next_after is null.
-	if p := rtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("limit=%d", len(all))); len(p.DeadLetters) != len(all) || p.NextAfter != nil {
+	if p := systest.RtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("limit=%d", len(all))); len(p.DeadLetters) != len(all) || p.NextAfter != nil {
 		t.Errorf("limit=%d (every letter): %d letters, next_after %v; want all and null", len(all), len(p.DeadLetters), p.NextAfter)
 	}
 	var allIDs []uint64
@@ -1345,10 +1142,10 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 
 	// Filter by idempotency key.
 	for key, want := range map[string][]string{"kA": {"p0", "p3", "p5"}, "kB": {"p1", "p4"}, "nope": nil} {
-		p := rtMustListDLQ(t, fs[0], topic, group, "idempotency_key="+url.QueryEscape(key))
+		p := systest.RtMustListDLQ(t, fs[0], topic, group, "idempotency_key="+url.QueryEscape(key))
 		var got []string
 		for _, l := range p.DeadLetters {
-			got = append(got, l.value())
+			got = append(got, l.Value())
 			if l.IdempotencyKey != key {
 				t.Errorf("filter idempotency_key=%s returned a letter with key %q", key, l.IdempotencyKey)
 			}
@@ -1360,36 +1157,36 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 			t.Errorf("filter idempotency_key=%s (default limit): next_after %d, want null", key, *p.NextAfter)
 		}
 	}
-	p1 := rtMustListDLQ(t, fs[0], topic, group, "idempotency_key=kA&limit=2")
+	p1 := systest.RtMustListDLQ(t, fs[0], topic, group, "idempotency_key=kA&limit=2")
 	if len(p1.DeadLetters) != 2 || p1.NextAfter == nil {
 		t.Fatalf("filter kA limit 2: %d letters next_after %v, want 2 and an id", len(p1.DeadLetters), p1.NextAfter)
 	}
-	p2 := rtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("idempotency_key=kA&limit=2&after=%d", *p1.NextAfter))
-	if len(p2.DeadLetters) != 1 || p2.DeadLetters[0].value() != "p5" || p2.NextAfter != nil {
+	p2 := systest.RtMustListDLQ(t, fs[0], topic, group, fmt.Sprintf("idempotency_key=kA&limit=2&after=%d", *p1.NextAfter))
+	if len(p2.DeadLetters) != 1 || p2.DeadLetters[0].Value() != "p5" || p2.NextAfter != nil {
 		t.Errorf("filter kA limit 2, second page: %+v, want p5 alone and next_after null", p2)
 	}
 
 	// DELETE one.
 	victim := byValue["p3"]
-	r, err := fs[1%len(fs)].Do(ctxFor(t, 10*time.Second), http.MethodDelete, fmt.Sprintf("%s/dlq/%d", rtGroupPath(topic, group), victim.ID), nil, nil)
+	r, err := fs[1%len(fs)].Do(tc.CtxFor(t, 10*time.Second), http.MethodDelete, fmt.Sprintf("%s/dlq/%d", systest.RtGroupPath(topic, group), victim.ID), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Expect(http.StatusOK); err != nil {
 		t.Fatalf("DELETE dlq/%d: %v", victim.ID, err)
 	}
-	left := rtWaitDLQ(t, fs[0], topic, group, len(specs)-1, 5*time.Second)
+	left := systest.RtWaitDLQ(t, fs[0], topic, group, len(specs)-1, 5*time.Second)
 	for _, l := range left {
 		if l.ID == victim.ID {
 			t.Errorf("deleted dead letter %d still listed", victim.ID)
 		}
 	}
-	if p := rtMustListDLQ(t, fs[0], topic, group, "idempotency_key=kA"); len(p.DeadLetters) != 2 {
+	if p := systest.RtMustListDLQ(t, fs[0], topic, group, "idempotency_key=kA"); len(p.DeadLetters) != 2 {
 		t.Errorf("filter kA after deleting p3: %d letters, want 2", len(p.DeadLetters))
 	}
 	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 6", func(s tc.GroupStats) bool { return s.DLQ == int64(len(specs)-1) })
 	for _, id := range []string{fmt.Sprint(victim.ID), "999999"} {
-		r, err := fs[0].Do(ctxFor(t, 10*time.Second), http.MethodDelete, rtGroupPath(topic, group)+"/dlq/"+id, nil, nil)
+		r, err := fs[0].Do(tc.CtxFor(t, 10*time.Second), http.MethodDelete, systest.RtGroupPath(topic, group)+"/dlq/"+id, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1398,14 +1195,14 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 			t.Errorf("DELETE dlq/%s (unknown): %d %s, want 404 dead_letter_not_found", id, r.Status, r.Body)
 		}
 	}
-	if r, err := fs[0].Do(ctxFor(t, 10*time.Second), http.MethodDelete, rtGroupPath(topic, group)+"/dlq/abc", nil, nil); err != nil || r.Status != http.StatusBadRequest {
+	if r, err := fs[0].Do(tc.CtxFor(t, 10*time.Second), http.MethodDelete, systest.RtGroupPath(topic, group)+"/dlq/abc", nil, nil); err != nil || r.Status != http.StatusBadRequest {
 		t.Errorf("DELETE dlq/abc: %v %v, want 400", r, err)
 	}
 
 	// Bad replay and list requests change nothing.
 	for _, body := range []string{`{}`, `{"all":false}`, `{"ids":[1],"all":true}`, `{"all":true,"rate_per_sec":0}`,
 		`{"all":true,"rate_per_sec":-1}`, `{"all":true,"rate":5}`, `{"ids":[]}`, `{"ids":["1"]}`, `not json`} {
-		r, err := fs[0].Do(ctxFor(t, 10*time.Second), http.MethodPost, rtGroupPath(topic, group)+"/dlq/replay", body,
+		r, err := fs[0].Do(tc.CtxFor(t, 10*time.Second), http.MethodPost, systest.RtGroupPath(topic, group)+"/dlq/replay", body,
 			map[string]string{"Content-Type": "application/json"})
 		if err != nil {
 			t.Fatal(err)
@@ -1415,7 +1212,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 		}
 	}
 	for _, q := range []string{"limit=0", "limit=abc", "after=-1", "limit=1001"} {
-		r, err := fs[0].Do(ctxFor(t, 10*time.Second), http.MethodGet, rtGroupPath(topic, group)+"/dlq?"+q, nil, nil)
+		r, err := fs[0].Do(tc.CtxFor(t, 10*time.Second), http.MethodGet, systest.RtGroupPath(topic, group)+"/dlq?"+q, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1434,7 +1231,7 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 	if got := rtReplay(t, fs[0], topic, group, map[string]any{"all": true}); got != len(specs)-1 {
 		t.Errorf("replay all after one delete: accepted %d, want %d", got, len(specs)-1)
 	}
-	msgs, err := drain(ctxFor(t, 20*time.Second), fs[0], topic, group, time.Second)
+	msgs, err := tc.Drain(tc.CtxFor(t, 20*time.Second), fs[0], topic, group, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1444,6 +1241,6 @@ func testDLQDeleteAndPaging(t *testing.T, c *tc.Cluster) {
 			want[s.value] = true
 		}
 	}
-	checkExactly(t, "replay all after deleting p3", values(t, msgs), want)
+	systest.CheckExactly(t, "replay all after deleting p3", systest.Values(t, msgs), want)
 	rtWaitStats(t, leader, topic, group, 5*time.Second, "dlq == 0, replay_pending == 0", func(s tc.GroupStats) bool { return s.DLQ == 0 && s.ReplayPending == 0 })
 }

@@ -16,21 +16,21 @@ import (
 func TestFetchRoundRobinAcrossFetches(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 120*time.Second)
-	leader := mustLeader(t, c)
+	ctx := tc.CtxFor(t, 120*time.Second)
+	leader := tc.MustLeader(t, c)
 	// The turn is kept from state format 3 on, raised once every member
 	// has said it reads it.
-	if _, err := waitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == fsm.StateFormat }); err != nil {
+	if _, err := tc.WaitView(ctx, leader, "state format raised", func(ci tc.ClusterInfo) bool { return ci.StateFormat == fsm.StateFormat }); err != nil {
 		t.Fatal(err)
 	}
 	const topic, group = "rr", "g"
-	mustTopic(t, leader, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, leader, topic, map[string]any{"partitions": 2})
 	per := [2]int{}
 	for k := 0; per[0] < 4 || per[1] < 4; k++ {
 		if k > 200 {
 			t.Fatalf("200 partition keys put %v messages in the two partitions", per)
 		}
-		r := mustPublish(t, leader, topic, "m", map[string]string{"Mq-Partition-Key": fmt.Sprint("k", k)})
+		r := tc.MustPublish(t, leader, topic, "m", map[string]string{"Mq-Partition-Key": fmt.Sprint("k", k)})
 		per[r.Partition]++
 	}
 	var seq []int
@@ -41,7 +41,7 @@ func TestFetchRoundRobinAcrossFetches(t *testing.T) {
 			t.Fatalf("fetch via %s: %d messages, %v", n, len(msgs), err)
 		}
 		seq = append(seq, msgs[0].Partition)
-		if err := ackAll(ctx, n, topic, group, msgs); err != nil {
+		if err := tc.AckAll(ctx, n, topic, group, msgs); err != nil {
 			t.Fatal(err)
 		}
 	}

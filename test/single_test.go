@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -14,25 +16,25 @@ func TestSingleNode(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 60*time.Second)
+	ctx := tc.CtxFor(t, 60*time.Second)
 	const topic = "single"
-	mustTopic(t, n, topic, map[string]any{"partitions": 2})
+	tc.MustTopic(t, n, topic, map[string]any{"partitions": 2})
 	want := map[string]bool{}
 	for i := range 10 {
 		p := fmt.Sprintf("one-%d", i)
 		want[p] = true
-		mustPublish(t, n, topic, p, nil)
+		tc.MustPublish(t, n, topic, p, nil)
 	}
 	n.Kill()
 	n.Restart()
-	if _, err := c.WaitReady(ctxFor(t, 30*time.Second)); err != nil {
+	if _, err := c.WaitReady(tc.CtxFor(t, 30*time.Second)); err != nil {
 		t.Fatalf("single node not ready after kill -9 and restart: %v", err)
 	}
-	msgs, err := drain(ctx, n, topic, "g", 500*time.Millisecond)
+	msgs, err := tc.Drain(ctx, n, topic, "g", 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkExactly(t, "single node after restart", values(t, distinctByPosition(msgs)), want)
+	systest.CheckExactly(t, "single node after restart", systest.Values(t, systest.DistinctByPosition(msgs)), want)
 }
 
 // A long poll may wait longer than the request's commit deadline
@@ -42,8 +44,8 @@ func TestLongPollOutlastsCommitDeadline(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 1)
 	n := c.Node(0)
-	ctx := ctxFor(t, 30*time.Second)
-	mustTopic(t, n, "lp", nil)
+	ctx := tc.CtxFor(t, 30*time.Second)
+	tc.MustTopic(t, n, "lp", nil)
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
@@ -61,7 +63,7 @@ func TestLongPollOutlastsCommitDeadline(t *testing.T) {
 		done <- err
 	}()
 	time.Sleep(1500 * time.Millisecond) // past the 500 ms commit deadline
-	mustPublish(t, n, "lp", "late", nil)
+	tc.MustPublish(t, n, "lp", "late", nil)
 	if err := <-done; err != nil {
 		t.Fatalf("fetch waiting 4 s with Mq-Timeout-Ms 500: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -22,21 +24,21 @@ import (
 func TestStateMetricsMatchAPI(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 90*time.Second)
-	l := mustLeader(t, c)
-	mustTopic(t, l, "sm-a", map[string]any{"partitions": 3, "max_retry": 0})
-	mustTopic(t, l, "sm-b", nil)
-	mustTopic(t, l, "sm-c", map[string]any{"partitions": 2})
+	ctx := tc.CtxFor(t, 90*time.Second)
+	l := tc.MustLeader(t, c)
+	tc.MustTopic(t, l, "sm-a", map[string]any{"partitions": 3, "max_retry": 0})
+	tc.MustTopic(t, l, "sm-b", nil)
+	tc.MustTopic(t, l, "sm-c", map[string]any{"partitions": 2})
 	for i := range 30 {
-		mustPublish(t, l, "sm-a", fmt.Sprintf("a%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
+		tc.MustPublish(t, l, "sm-a", fmt.Sprintf("a%d", i), map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)})
 	}
 	for i := range 2 {
-		if pr := mustPublish(t, l, "sm-a", "again", map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)}); !pr.Duplicate {
+		if pr := tc.MustPublish(t, l, "sm-a", "again", map[string]string{"Idempotency-Key": fmt.Sprintf("k%d", i)}); !pr.Duplicate {
 			t.Fatalf("publish of k%d again: %+v, want a duplicate", i, pr)
 		}
 	}
 	for i := range 7 {
-		mustPublish(t, l, "sm-b", fmt.Sprintf("b-%d", i), nil)
+		tc.MustPublish(t, l, "sm-b", fmt.Sprintf("b-%d", i), nil)
 	}
 	// sm-a/g1: 6 acked, 2 dead-lettered (max_retry 0), 2 in flight, 20
 	// never delivered; sm-a/g2: 5 acked; sm-a/g3: created, untouched;
@@ -152,7 +154,7 @@ func pollStateSeries(ctx context.Context, t *testing.T, n *tc.Node, wantNow func
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		want := wantNow()
-		fams := scrape(ctx, t, n)
+		fams := systest.Scrape(ctx, t, n)
 		var diffs []string
 		for _, fam := range slices.Sorted(maps.Keys(want)) {
 			got := seriesOf(fams[fam])
@@ -173,7 +175,7 @@ func pollStateSeries(ctx context.Context, t *testing.T, n *tc.Node, wantNow func
 		if time.Now().After(deadline) {
 			t.Fatalf("%s /metrics after 20 s:\n%s", n, slices.Sorted(slices.Values(diffs)))
 		}
-		if err := pause(ctx, 100*time.Millisecond); err != nil {
+		if err := systest.Pause(ctx, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqd/mqd/test/systest"
+
 	tc "github.com/mqd/mqd/internal/testcluster"
 )
 
@@ -35,22 +37,22 @@ type keyTrace struct {
 func TestTraceAndReconcileThroughCluster(t *testing.T) {
 	t.Parallel()
 	c := tc.Start(t, 3)
-	ctx := ctxFor(t, 120*time.Second)
-	leader, followers := mustRoles(t, c)
-	waitFormat3(ctx, t, c)
+	ctx := tc.CtxFor(t, 120*time.Second)
+	leader, followers := tc.MustRoles(t, c)
+	systest.WaitFormat3(ctx, t, c)
 	f := followers[0]
-	mustTopic(t, leader, "orders", nil)
+	tc.MustTopic(t, leader, "orders", nil)
 	keys := []string{"o1", "o2", "o3", "o4", "o5"}
 	for _, k := range keys {
-		mustPublish(t, leader, "orders", "order "+k, map[string]string{"Idempotency-Key": k})
+		tc.MustPublish(t, leader, "orders", "order "+k, map[string]string{"Idempotency-Key": k})
 	}
 	for range 2 {
-		if p := mustPublish(t, f, "orders", "again", map[string]string{"Idempotency-Key": "o1"}); !p.Duplicate {
+		if p := tc.MustPublish(t, f, "orders", "again", map[string]string{"Idempotency-Key": "o1"}); !p.Duplicate {
 			t.Fatalf("repeat of o1 stored: %+v", p)
 		}
 	}
-	next := func() tc.Message { return rtFetchN(t, f, "orders", "g", 1, 20*time.Second, 600000)[0] }
-	if m := next(); m.IdempotencyKey != "o1" || ackAll(ctx, f, "orders", "g", []tc.Message{m}) != nil {
+	next := func() tc.Message { return systest.RtFetchN(t, f, "orders", "g", 1, 20*time.Second, 600000)[0] }
+	if m := next(); m.IdempotencyKey != "o1" || tc.AckAll(ctx, f, "orders", "g", []tc.Message{m}) != nil {
 		t.Fatalf("ack of %s", m.IdempotencyKey)
 	}
 	if _, _, err := f.Nack(ctx, "orders", "g", []string{next().Receipt}, map[string]any{"reason": "boom", "delay_ms": 600000}); err != nil {
@@ -112,21 +114,21 @@ func TestTraceAndReconcileThroughCluster(t *testing.T) {
 	}
 
 	srv := f.URL()
-	out := ok(t, srv, "", "trace", "orders", "o2")
-	mustContain(t, "mqd trace", out, "partition 0, offset 1", "delayed", "nack: boom")
+	out := systest.OK(t, srv, "", "trace", "orders", "o2")
+	systest.MustContain(t, "mqd trace", out, "partition 0, offset 1", "delayed", "nack: boom")
 	var tr keyTrace
-	if err := json.Unmarshal([]byte(ok(t, srv, "", "trace", "--json", "orders", "o4")), &tr); err != nil || tr.Groups["g"].State != "dead" {
+	if err := json.Unmarshal([]byte(systest.OK(t, srv, "", "trace", "--json", "orders", "o4")), &tr); err != nil || tr.Groups["g"].State != "dead" {
 		t.Fatalf("mqd trace --json: %v %+v", err, tr)
 	}
-	fails(t, srv, 1, "key_not_found", "trace", "orders", "nope")
-	run := runCLI(t, srv, strings.Join(ledger, "\n")+"\n", "reconcile", "orders", "--keys-file", "-")
-	if run.code != 1 || !strings.Contains(run.stdout, "7 keys checked against orders: 5 stored, 2 missing") ||
-		!strings.Contains(run.stdout, "missing lost-1") || !strings.Contains(run.stderr, "2 of 7 keys missing") {
-		t.Fatalf("mqd reconcile with missing keys: exit %d\n%s%s", run.code, run.stdout, run.stderr)
+	systest.Fails(t, srv, 1, "key_not_found", "trace", "orders", "nope")
+	run := systest.RunCLI(t, srv, strings.Join(ledger, "\n")+"\n", "reconcile", "orders", "--keys-file", "-")
+	if run.Code != 1 || !strings.Contains(run.Stdout, "7 keys checked against orders: 5 stored, 2 missing") ||
+		!strings.Contains(run.Stdout, "missing lost-1") || !strings.Contains(run.Stderr, "2 of 7 keys missing") {
+		t.Fatalf("mqd reconcile with missing keys: exit %d\n%s%s", run.Code, run.Stdout, run.Stderr)
 	}
-	run = runCLI(t, srv, strings.Join(keys, "\n"), "reconcile", "orders", "--group", "g", "--json", "--keys-file", "-")
-	if err := json.Unmarshal([]byte(run.stdout), &rec); run.code != 0 || err != nil || len(rec.Missing) != 0 ||
+	run = systest.RunCLI(t, srv, strings.Join(keys, "\n"), "reconcile", "orders", "--group", "g", "--json", "--keys-file", "-")
+	if err := json.Unmarshal([]byte(run.Stdout), &rec); run.Code != 0 || err != nil || len(rec.Missing) != 0 ||
 		!reflect.DeepEqual(rec.Groups["g"].Pending, []string{"o2", "o5"}) {
-		t.Fatalf("mqd reconcile --json: exit %d, %v\n%s%s", run.code, err, run.stdout, run.stderr)
+		t.Fatalf("mqd reconcile --json: exit %d, %v\n%s%s", run.Code, err, run.Stdout, run.Stderr)
 	}
 }
