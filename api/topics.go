@@ -190,6 +190,15 @@ func (s *Server) listTopics(ctx *fasthttp.RequestCtx, r *route) error {
 		return err
 	}
 	after := string(ctx.QueryArgs().Peek("after"))
+	if id := ctx.Request.Header.Peek(listGroupHeader); len(id) > 0 && s.group == "" {
+		// Another node's list of a data group it holds no replica of
+		// (listAway): this node's replica answers for the group.
+		v, held := s.view(string(id))
+		if !held {
+			return errorf(ErrUnavailable, "this node holds no replica of data group %q", id)
+		}
+		return v.listTopics(ctx, r)
+	}
 	if gn, ok := s.grouped(); ok {
 		if dir := gn.Directory(); len(dir.Topics) > 0 {
 			return s.listTopicsGrouped(ctx, r, gn, dir, after, limit)

@@ -2,9 +2,11 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -302,18 +304,28 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, gn groupe
 		names = names[:limit]
 		next = names[len(names)-1]
 	}
-	out := make([]*topicStats, 0, len(names))
+	out := make([]any, 0, len(names))
 	now := nowMs()
 	places := map[*Server]*placement{} // one per group, not per topic
 	away := map[string]*placement{}    // the same for the groups not held here
+	// Per group not held here: its topics as a member of it lists them.
+	listed := map[string]map[string]json.RawMessage{}
 	for _, t := range names {
 		sv, id, ok := s.topicServer(dir, t)
 		if !ok {
 			if away[id] == nil {
 				away[id] = &placement{Group: id, Replicas: dir.Groups[id]}
 				away[id].Leader, _, _ = gn.GroupLeader(id)
+				listed[id] = s.listAway(ctx, r, gn, id, after, limit)
 			}
-			out = append(out, &topicStats{Name: t, Placement: away[id]})
+			switch js, ok := listed[id][t]; {
+			case ok:
+				out = append(out, js)
+			case listed[id] == nil:
+				// No member of the group answered: the name and the
+				// placement the directory holds.
+				out = append(out, &topicStats{Name: t, Placement: away[id]})
+			}
 			continue
 		}
 		var ts *fsm.TopicStats
@@ -340,6 +352,80 @@ func (s *Server) listTopicsGrouped(ctx *fasthttp.RequestCtx, r *route, gn groupe
 		body["next"] = next
 	}
 	writeJSON(ctx, 200, body)
+	return nil
+}
+
+// listGroupHeader, on GET /v1/topics?stale=ok that one node sends another,
+// asks for the topics of the one data group it names, from the receiving
+// node's replica of it (listTopics).
+const listGroupHeader = "Mq-List-Group"
+
+// listAway is the page of data group id's topics (by name, as JSON) that a
+// member of the group lists from its replica, for the page of GET
+// /v1/topics this node answers while it holds no replica of the group: the
+// group's leader first, then the other members, with the client's headers
+// (its token sees the same topics there). nil: none answered.
+func (s *Server) listAway(ctx *fasthttp.RequestCtx, r *route, gn groupedNode, id, after string, limit uint64) map[string]json.RawMessage {
+	rctx := r.ctx
+	if rctx == nil {
+		c, cancel, err := deadline(ctx)
+		if err != nil {
+			return nil
+		}
+		defer cancel()
+		rctx = c
+	}
+	dl, _ := rctx.Deadline()
+	var addrs []string
+	if leader, addr, ok := gn.GroupLeader(id); ok && leader != s.node.ID() {
+		addrs = append(addrs, addr)
+	}
+	nodes := s.state.Nodes()
+	for _, m := range gn.GroupMembers(id) {
+		if info, ok := nodes[m]; ok && info.HTTPAddr != "" && m != s.node.ID() && !slices.Contains(addrs, info.HTTPAddr) {
+			addrs = append(addrs, info.HTTPAddr)
+		}
+	}
+	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	for _, addr := range addrs {
+		ctx.Request.Header.CopyTo(&req.Header)
+		req.Header.SetMethod(fasthttp.MethodGet)
+		req.Header.SetContentLength(0)
+		req.Header.Del(fasthttp.HeaderAcceptEncoding) // the answer is read here, not relayed
+		q := url.Values{"stale": {"ok"}, "limit": {strconv.FormatUint(limit, 10)}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		req.SetRequestURI("/v1/topics?" + q.Encode())
+		req.SetHost(addr)
+		req.URI().SetScheme("http")
+		req.Header.Set(forwardHeader, strconv.Itoa(hops+1))
+		req.Header.Set(listGroupHeader, id)
+		resp.Reset()
+		if err := s.fwd.DoDeadline(req, resp, dl); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+			continue
+		}
+		var page struct {
+			Topics []json.RawMessage `json:"topics"`
+		}
+		if json.Unmarshal(resp.Body(), &page) != nil {
+			continue
+		}
+		out := make(map[string]json.RawMessage, len(page.Topics))
+		for _, js := range page.Topics {
+			var t struct {
+				Name string `json:"name"`
+			}
+			if json.Unmarshal(js, &t) == nil {
+				out[t.Name] = js
+			}
+		}
+		return out
+	}
 	return nil
 }
 
