@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,45 +237,57 @@ func (g *diskGuard) refresh(now time.Time) {
 // latest probe answer, on another member (every member stores what the
 // leader commits). Writes that add data (publish, topic creation, replay)
 // call it on the leader with about the bytes they add; consumption does
-// not.
-func (n *Node) CheckDisk(size int) error {
+// not. A data group's view asks it of the group's members only
+// (GroupView.CheckDisk).
+func (n *Node) CheckDisk(size int) error { return n.checkDisk(size, nil) }
+
+// checkDisk is CheckDisk for the members member reports true for (nil:
+// every member).
+func (n *Node) checkDisk(size int, member func(id string) bool) error {
 	if n.disk.isLow(size) {
 		return fmt.Errorf("%w: node %s has %d bytes free on its data dir's filesystem, under the %d bytes it keeps free (--min-free-disk, a raft-wal segment and its next snapshot); consumption still works",
 			ErrInsufficientStorage, n.cfg.ID, n.disk.free.Load(), n.disk.need.Load())
 	}
-	if id, _ := n.lowMember.Load().(string); id != "" {
+	if id := n.memberDisk.low(member); id != "" {
 		return fmt.Errorf("%w: member %s has less free space on its data dir than its --min-free-disk; consumption still works", ErrInsufficientStorage, id)
 	}
-	if id, over := n.memberDisk.admit(size); over {
+	if id, over := n.memberDisk.admit(size, member); over {
 		return fmt.Errorf("%w: member %s may be under its --min-free-disk by now (what was admitted since its last status uses up its margin); consumption still works", ErrInsufficientStorage, id)
 	}
 	return nil
 }
 
 // memberMargin is what the leader knows of the other members' free space
-// between two probes: the least margin over its floor one reported
-// (free minus what it keeps), and the bytes admitted since, counted four
-// times as the node counts its own (log, state, next snapshot). A write
-// that would use up that margin is refused until the next probe round, so
-// a fast writer cannot run a follower's disk full in the half second
-// before its status says disk_low.
+// between two probes: which members reported disk_low, the margin over its
+// floor each other one reported (free minus what it keeps), and the bytes
+// admitted since, counted four times as the node counts its own (log,
+// state, next snapshot). A write that would use up the least margin among
+// the members that store it is refused until the next probe round, so a
+// fast writer cannot run a follower's disk full in the half second before
+// its status says disk_low. The bytes admitted are the node's, whatever
+// group they went to: a member of one group is charged for another's
+// writes (the cautious side).
 type memberMargin struct {
 	mu       sync.Mutex
-	id       string
-	margin   uint64 // math.MaxUint64: no member reported one
+	margins  map[string]uint64 // by member that reported one
+	lows     []string          // members whose latest answer said disk_low
 	admitted atomic.Uint64
 	known    atomic.Bool
 }
 
 // marginRound collects the members' margins of one probe round.
 type marginRound struct {
-	id     string
-	margin uint64
+	margins map[string]uint64
+	lows    []string
 }
 
-func newMarginRound() *marginRound { return &marginRound{margin: math.MaxUint64} }
+func newMarginRound() *marginRound { return &marginRound{margins: map[string]uint64{}} }
 
 func (r *marginRound) add(id string, st Status) {
+	if st.DiskLow {
+		r.lows = append(r.lows, id)
+		return
+	}
 	if st.DiskKeep == 0 {
 		return // check off, or a binary that does not report it
 	}
@@ -282,32 +295,58 @@ func (r *marginRound) add(id string, st Status) {
 	if st.DiskFree > st.DiskKeep {
 		m = st.DiskFree - st.DiskKeep
 	}
-	if m < r.margin {
-		r.id, r.margin = id, m
+	r.margins[id] = m
+}
+
+// firstLow is a member of the round low on disk, or "".
+func (r *marginRound) firstLow() string {
+	if len(r.lows) == 0 {
+		return ""
 	}
+	return slices.Min(r.lows)
 }
 
 func (m *memberMargin) set(r *marginRound) {
 	m.mu.Lock()
-	m.id, m.margin = r.id, r.margin
+	m.margins, m.lows = r.margins, r.lows
 	m.admitted.Store(0)
 	m.mu.Unlock()
 	m.known.Store(true)
 }
 
+// low is a member low on disk among those member reports true for (nil:
+// any), or "".
+func (m *memberMargin) low(member func(string) bool) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, id := range m.lows {
+		if member == nil || member(id) {
+			return id
+		}
+	}
+	return ""
+}
+
 // admit counts size bytes and reports whether they would use up the least
-// member margin, and whose it is.
-func (m *memberMargin) admit(size int) (string, bool) {
+// margin among the members member reports true for (nil: all), and whose
+// it is.
+func (m *memberMargin) admit(size int, member func(string) bool) (string, bool) {
 	if !m.known.Load() || size == 0 {
 		return "", false
 	}
 	used := m.admitted.Add(4 * uint64(size))
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.margin == math.MaxUint64 || used <= m.margin {
+	id, least := "", uint64(math.MaxUint64)
+	for mid, mg := range m.margins {
+		if (member == nil || member(mid)) && (mg < least || mg == least && mid < id) {
+			id, least = mid, mg
+		}
+	}
+	if least == math.MaxUint64 || used <= least {
 		return "", false
 	}
-	return m.id, true
+	return id, true
 }
 
 func (g *diskGuard) collectors() []prometheus.Collector {

@@ -56,10 +56,10 @@ func TestWalSegmentFor(t *testing.T) {
 
 // The leader counts what it admits between two probe rounds against the
 // least margin a member reported, four times over, and starts again at
-// each round.
+// each round; a data group's leader, against its members' only.
 func TestMemberMargin(t *testing.T) {
 	var m memberMargin
-	if _, over := m.admit(1 << 30); over {
+	if _, over := m.admit(1<<30, nil); over {
 		t.Fatal("refused before any probe round")
 	}
 	r := newMarginRound()
@@ -67,21 +67,42 @@ func TestMemberMargin(t *testing.T) {
 	r.add("b", Status{DiskFree: 100 << 20, DiskKeep: 90 << 20}) // 10 MiB
 	r.add("c", Status{DiskFree: 5 << 20})                       // no floor reported: ignored
 	m.set(r)
-	if _, over := m.admit(2 << 20); over { // 8 MiB counted
+	if _, over := m.admit(2<<20, nil); over { // 8 MiB counted
 		t.Fatal("refused within the margin")
 	}
-	if id, over := m.admit(1 << 20); !over || id != "b" { // 12 MiB counted
+	if id, over := m.admit(1<<20, nil); !over || id != "b" { // 12 MiB counted
 		t.Fatalf("admit past the least margin: %q %v, want b refused", id, over)
 	}
 	m.set(newMarginRound()) // a round where nobody reported a floor
-	if _, over := m.admit(1 << 30); over {
+	if _, over := m.admit(1<<30, nil); over {
 		t.Fatal("refused with no member margin known")
 	}
 	r = newMarginRound()
 	r.add("a", Status{DiskFree: 50, DiskKeep: 60}) // under its floor: margin 0
 	m.set(r)
-	if _, over := m.admit(1); !over {
+	if _, over := m.admit(1, nil); !over {
 		t.Fatal("admitted with a member at its floor")
+	}
+	// A data group's leader weighs its group's members only
+	// (GroupView.CheckDisk): a member low on disk, or with little margin,
+	// refuses nothing in a group it holds no replica of.
+	r = newMarginRound()
+	r.add("a", Status{DiskFree: 100 << 20, DiskKeep: 60 << 20}) // 40 MiB
+	r.add("b", Status{DiskFree: 100 << 20, DiskKeep: 99 << 20}) // 1 MiB
+	r.add("c", Status{DiskLow: true})
+	m.set(r)
+	onlyA := func(id string) bool { return id == "a" }
+	if id := m.low(nil); id != "c" {
+		t.Fatalf("low member of all: %q, want c", id)
+	}
+	if id := m.low(onlyA); id != "" {
+		t.Fatalf("low member among [a]: %q, want none", id)
+	}
+	if id, over := m.admit(1<<20, onlyA); over { // 4 MiB counted
+		t.Fatalf("refused for %s, outside the members asked of", id)
+	}
+	if id, over := m.admit(1<<20, nil); !over || id != "b" { // 8 MiB counted
+		t.Fatalf("admit past b's margin: %q %v, want b refused", id, over)
 	}
 }
 

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -21,6 +22,14 @@ type GroupView struct {
 
 // View is the node as the requests of data group g see it.
 func (n *Node) View(g *replica.Group) *GroupView { return &GroupView{Node: n, g: g} }
+
+// CheckDisk is Node.CheckDisk for the group's members: only they store
+// what its leader commits, so a node low on disk refuses the writes of the
+// groups it holds a replica of and not the others'.
+func (v *GroupView) CheckDisk(size int) error {
+	members := v.GroupMembers(v.g.ID())
+	return v.checkDisk(size, func(id string) bool { return slices.Contains(members, id) })
+}
 
 // Replica is the data group the view is of.
 func (v *GroupView) Replica() *replica.Group { return v.g }

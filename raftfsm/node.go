@@ -101,7 +101,7 @@ type Node struct {
 	clockStart startClock // timeline.go
 	peers      peers
 	leaders    leaderTable  // every data group's leader, from the probe answers (leaders.go)
-	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or ""
+	lowMember  atomic.Value // string: a member whose latest probe answer says disk_low, or "" (for its log lines)
 	memberDisk memberMargin // the least margin over its floor a member reported (disk.go)
 	joinPeers  atomic.Value // []string: Form's --join addresses, for clock probes
 	ready      readiness    // ready.go

@@ -127,21 +127,19 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 	}
 	wg.Wait()
 	n.peers.mu.Lock()
-	low := ""
 	now := time.Now()
 	margin := newMarginRound()
 	for id, v := range n.peers.views {
 		switch {
 		case !keep[id]:
 			delete(n.peers.views, id)
-		case v.answered(now) && v.status.DiskLow && low == "":
-			low = id
 		case v.answered(now):
 			margin.add(id, v.status)
 		}
 	}
 	n.peers.mu.Unlock()
 	n.memberDisk.set(margin)
+	low := margin.firstLow()
 	if was, _ := n.lowMember.Swap(low).(string); was != low && n.IsLeader() {
 		if low != "" {
 			n.logger.Warn("a member is low on disk: refusing writes that add data (507)", "member", low)

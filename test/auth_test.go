@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 	"go.yaml.in/yaml/v3"
 )
 

@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 func browse(t *testing.T, n *tc.Node, topic, query string) systest.BrowsePage {

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // With --forward-coalesce (the default), publishes through a follower reach the leader

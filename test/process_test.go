@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	"github.com/mqd/mqd/client"
 	"github.com/mqd/mqd/group"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 type processError struct {

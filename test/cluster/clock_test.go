@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // A node whose clock is 8 days ahead (MQD_TEST_CLOCK_OFFSET, test-only)

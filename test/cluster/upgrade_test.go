@@ -9,10 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	"github.com/mqd/mqd/fsm"
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // preFormatRelease is the last main before the replicated state had a

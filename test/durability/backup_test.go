@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // TestBackupRestore: a backup downloaded from a follower of a 3-node

@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // withTmpfs puts each node's data dir on a tmpfs of size bytes (mounted
@@ -260,6 +259,55 @@ func TestFollowerDiskLowRefusesWrites(t *testing.T) {
 	f.SetArgs(orig)
 	f.Restart()
 	publishUntil(t, leader, "fdisk", 201, 30*time.Second)
+}
+
+// With data groups, a node low on disk refuses the writes of the groups it
+// holds a replica of (507, naming it) and no others: only a group's members
+// store what its leader commits. Before, every group's leader refused while
+// any node was low, as the single group must.
+func TestDiskLowMemberRefusesOnlyItsGroups(t *testing.T) {
+	t.Parallel()
+	c := tc.Start(t, 3, tc.WithDataGroups())
+	nodes := c.Nodes()
+	ctx := tc.CtxFor(t, 90*time.Second)
+	tc.MustTopic(t, nodes[0], "every", nil) // on all three nodes
+	tc.MustTopic(t, nodes[0], "solo", map[string]any{"replicas": 1})
+	_, _, reps, err := systest.TopicPlacement(ctx, nodes[0], "solo")
+	if err != nil || len(reps) != 1 {
+		t.Fatalf("topic solo: replicas %v %v, want 1", reps, err)
+	}
+	holder := c.NodeByID(reps[0])
+	var low *tc.Node
+	for _, n := range nodes {
+		if n != holder {
+			low = n
+			break
+		}
+	}
+	orig := low.Args()
+	if err := low.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	low.SetArgs(append(append([]string(nil), orig...), "--min-free-disk", "1000000TiB"))
+	low.Restart()
+	if err := low.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := publishUntil(t, holder, "every", 507, 30*time.Second)
+	if code, _ := r.CheckError(); code != "insufficient_storage" || !strings.Contains(string(r.Body), low.ID()) {
+		t.Fatalf("publish to a topic %s holds with %s low on disk: %d %s, want 507 insufficient_storage naming it", low, low, r.Status, r.Body)
+	}
+	// The single-replica topic, on holder only: publishes go on, through
+	// holder and through the node low on disk (which forwards them).
+	for _, via := range []*tc.Node{holder, low} {
+		r, err := via.Do(ctx, http.MethodPost, "/v1/topics/solo/messages", "x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != http.StatusCreated {
+			t.Fatalf("publish to solo (on %s only) through %s with %s low on disk: %d %s, want 201", holder, via, low, r.Status, r.Body)
+		}
+	}
 }
 
 // publishUntil publishes to topic through n until a publish answers

@@ -5,9 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mqd/mqd/test/systest"
-
 	tc "github.com/mqd/mqd/internal/testcluster"
+	"github.com/mqd/mqd/test/systest"
 )
 
 // --help writes its text once, to stdout, and exits 0: for mqd, the

@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	tc "github.com/mqd/mqd/internal/testcluster"
 	"github.com/mqd/mqd/test/systest"
-
-	"github.com/chromedp/chromedp"
 )
 
 // TestConsole drives the web console in headless Chromium against a real

@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/mqd/mqd/test/systest"
-
 	"go.yaml.in/yaml/v3"
 )
 
