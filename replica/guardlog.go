@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/hashicorp/raft"
@@ -51,6 +52,29 @@ func (g guardedLog) StoreLogs(logs []*raft.Log) error {
 		}
 	}
 	return g.LogStore.StoreLogs(logs)
+}
+
+// GetLog answers, while raft runs from the state's start point
+// (startsnap.go), the entry at the latest real snapshot's index with that
+// snapshot's term when the log no longer holds it. Raft, which takes the
+// start point for its latest snapshot, looks that entry up for the term a
+// follower's AppendEntries must match after it installed the real
+// snapshot; the log of a replica that itself caught up from that snapshot
+// starts right after it, and without the term the leader sent the
+// snapshot again and again, and the follower (a new member being added)
+// never caught up. The entry serves only as that "previous entry": raft
+// sends the entries after it, which the log holds.
+func (g guardedLog) GetLog(index uint64, l *raft.Log) error {
+	err := g.LogStore.GetLog(index, l)
+	if !errors.Is(err, raft.ErrLogNotFound) || g.g.start == nil || index != g.g.start.real || index == 0 {
+		return err
+	}
+	list, lerr := g.g.snaps.List()
+	if lerr != nil || len(list) == 0 || list[0].Index != index {
+		return err
+	}
+	*l = raft.Log{Index: index, Term: list[0].Term, Type: raft.LogNoop}
+	return nil
 }
 
 // StoreLog stores one entry through StoreLogs' check.
