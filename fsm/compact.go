@@ -59,15 +59,23 @@ const (
 
 // spaceStats reports fsm.db's size in bytes (what a snapshot of it
 // copies) and the bytes of free pages in it.
+//
+// A closed state (a data group's replica that left this node while the
+// disk guard was adding up its groups) reports 0, 0: nothing to snapshot.
+// bbolt's Info panics on a closed database, so the page size is read
+// inside the transaction, which fails on one.
 func (f *FSM) spaceStats() (size, free int64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	_ = f.db.View(func(tx *bolt.Tx) error {
-		size = tx.Size()
+	var pageSize int64
+	if err := f.db.View(func(tx *bolt.Tx) error {
+		size, pageSize = tx.Size(), int64(tx.DB().Info().PageSize)
 		return nil
-	})
+	}); err != nil {
+		return 0, 0
+	}
 	st := f.db.Stats()
-	free = int64(st.FreePageN+st.PendingPageN) * int64(f.db.Info().PageSize)
+	free = int64(st.FreePageN+st.PendingPageN) * pageSize
 	return size, min(free, size)
 }
 

@@ -142,3 +142,25 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// A closed state answers its next snapshot's size as 0: the disk guard may
+// add up a data group's replica that is leaving this node just as it
+// closes. bbolt's Info panics on a closed database ("database file isn't
+// correctly mapped"), which took a node down in a soak (a drain closed its
+// replicas while a probe asked its status).
+func TestNextSnapshotSizeOfClosedState(t *testing.T) {
+	h := mustFSM(t)
+	fillTopic(h, "t", 10, 100)
+	if h.f.NextSnapshotSize() == 0 {
+		t.Fatal("an open state with messages: next snapshot 0")
+	}
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.f.NextSnapshotSize(); got != 0 {
+		t.Fatalf("closed state: next snapshot %d, want 0", got)
+	}
+	if h.f.Sparse() {
+		t.Fatal("closed state: sparse")
+	}
+}
