@@ -563,15 +563,26 @@ func TestDataGroupsMoves(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rebalance: %v", err)
 	}
-	groups, err := systest.ClusterGroups(ctx, n4)
-	held := 0
-	for _, ms := range groups {
-		if slices.Contains(ms, "n4") {
-			held++
+	// The moves are committed on the metadata leader when it answers; n4
+	// shows them once it has applied them (GET /v1/cluster reads its own
+	// state), within 10 s.
+	rbody := string(r.Body)
+	wctx := tc.CtxFor(t, 10*time.Second)
+	for {
+		groups, err := systest.ClusterGroups(wctx, n4)
+		held := 0
+		for _, ms := range groups {
+			if slices.Contains(ms, "n4") {
+				held++
+			}
 		}
-	}
-	if err != nil || held < 2 {
-		t.Fatalf("after the rebalance n4 is in %d groups (%v %v), want its share (2 of 3)", held, groups, err)
+		if err == nil && held >= 2 {
+			break
+		}
+		if wctx.Err() != nil {
+			t.Fatalf("after the rebalance (%s) n4 is in %d groups (%v %v), want its share (2 of 3)", rbody, held, groups, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	// Publishers through n2..n4 while n1 is drained.
