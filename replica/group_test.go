@@ -188,7 +188,13 @@ func TestTwoGroupsIndependent(t *testing.T) {
 		t.Errorf("mqd_raft_snapshots_total by raft_group = %v, want each at least 1", snaps)
 	}
 
-	// Only beta writes: beta snapshots again, alpha does not.
+	// Only beta writes: beta snapshots again, alpha does not. (Alpha first
+	// settles: fewer entries past its snapshot than the threshold, 5, so
+	// that no snapshot of what it applied before is still to come.)
+	until(t, ctx, "alpha settles", func() bool {
+		g := alpha.reps[0]
+		return g.AppliedIndex()-g.LastSnapshotIndex() < 5
+	})
 	alphaSnap, alphaTerm := alpha.reps[0].LastSnapshotIndex(), la.raft.CurrentTerm()
 	betaSnap := beta.reps[0].LastSnapshotIndex()
 	putTopics(t, ctx, lb, "b", 6, 6)
