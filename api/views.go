@@ -177,28 +177,15 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 	}
 	defer cancel()
 	ctx.Request.Header.Set(placedHeader, id)
-	leader, addr, known := gn.GroupLeader(id)
-	toLeader := known && leader != s.node.ID()
-	if toLeader {
-		s.metrics.countForward(forwardToLeader)
+	addrs, toLeader := s.groupTargets(gn, id)
+	err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
+	for i, addr := range addrs {
+		if i == 0 && toLeader {
+			s.metrics.countForward(forwardToLeader)
+		} else {
+			s.metrics.countForward(forwardToMember)
+		}
 		err = s.forwardTo(rctx, ctx, addr, hops, nil)
-		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
-			return err
-		}
-		ctx.Response.Reset()
-	}
-	members := gn.GroupMembers(id)
-	nodes := s.state.Nodes()
-	if !toLeader { // else err says why the leader did not answer
-		err = fmt.Errorf("%w: no member of data group %s has a known address", replica.ErrNotLeader, id)
-	}
-	for _, m := range members {
-		info, ok := nodes[m]
-		if !ok || info.HTTPAddr == "" || m == s.node.ID() || (known && m == leader) {
-			continue
-		}
-		s.metrics.countForward(forwardToMember)
-		err = s.forwardTo(rctx, ctx, info.HTTPAddr, hops, nil)
 		if !errors.Is(err, errLeaderUnreachable) && !errors.Is(err, errLeaderLost) {
 			return err
 		}
@@ -206,9 +193,28 @@ func (s *Server) toGroupMember(ctx *fasthttp.RequestCtx, gn groupedNode, id stri
 	}
 	if errors.Is(err, errLeaderUnreachable) || errors.Is(err, errLeaderLost) {
 		// Nothing was sent, or a read was cut: safe to retry.
-		return errorf(ErrUnavailable, "no member of data group %s %v answered (%v); retry", id, members, err)
+		return errorf(ErrUnavailable, "no member of data group %s %v answered (%v); retry", id, gn.GroupMembers(id), err)
 	}
 	return err
+}
+
+// groupTargets are the HTTP addresses a request about data group id, which
+// this node holds no replica of, goes to, in the order to try them: the
+// group's leader when this node knows it (from the probes), then the other
+// members the directory names, in its order, that have an address.
+// toLeader: the first is the leader.
+func (s *Server) groupTargets(gn groupedNode, id string) (addrs []string, toLeader bool) {
+	leader, addr, known := gn.GroupLeader(id)
+	if known && leader != s.node.ID() {
+		addrs, toLeader = append(addrs, addr), true
+	}
+	nodes := s.state.Nodes()
+	for _, m := range gn.GroupMembers(id) {
+		if info, ok := nodes[m]; ok && info.HTTPAddr != "" && m != s.node.ID() && !(known && m == leader) {
+			addrs = append(addrs, info.HTTPAddr)
+		}
+	}
+	return addrs, toLeader
 }
 
 // placeNewTopic is the creation of a topic that does not exist, on the
@@ -366,41 +372,24 @@ const listGroupHeader = "Mq-List-Group"
 // group's leader first, then the other members, with the client's headers
 // (its token sees the same topics there). nil: none answered.
 func (s *Server) listAway(ctx *fasthttp.RequestCtx, r *route, gn groupedNode, id, after string, limit uint64) map[string]json.RawMessage {
-	rctx := r.ctx
-	if rctx == nil {
-		c, cancel, err := deadline(ctx)
-		if err != nil {
-			return nil
-		}
-		defer cancel()
-		rctx = c
-	}
-	dl, _ := rctx.Deadline()
-	var addrs []string
-	if leader, addr, ok := gn.GroupLeader(id); ok && leader != s.node.ID() {
-		addrs = append(addrs, addr)
-	}
-	nodes := s.state.Nodes()
-	for _, m := range gn.GroupMembers(id) {
-		if info, ok := nodes[m]; ok && info.HTTPAddr != "" && m != s.node.ID() && !slices.Contains(addrs, info.HTTPAddr) {
-			addrs = append(addrs, info.HTTPAddr)
-		}
-	}
+	dl, _ := r.ctx.Deadline()
+	addrs, _ := s.groupTargets(gn, id)
 	hops, _ := strconv.Atoi(string(ctx.Request.Header.Peek(forwardHeader)))
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
+	q := url.Values{"stale": {"ok"}, "limit": {strconv.FormatUint(limit, 10)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	uri := "/v1/topics?" + q.Encode()
 	for _, addr := range addrs {
 		ctx.Request.Header.CopyTo(&req.Header)
 		req.Header.SetMethod(fasthttp.MethodGet)
 		req.Header.SetContentLength(0)
 		req.Header.Del(fasthttp.HeaderAcceptEncoding) // the answer is read here, not relayed
-		q := url.Values{"stale": {"ok"}, "limit": {strconv.FormatUint(limit, 10)}}
-		if after != "" {
-			q.Set("after", after)
-		}
-		req.SetRequestURI("/v1/topics?" + q.Encode())
+		req.SetRequestURI(uri)
 		req.SetHost(addr)
 		req.URI().SetScheme("http")
 		req.Header.Set(forwardHeader, strconv.Itoa(hops+1))

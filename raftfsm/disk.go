@@ -270,7 +270,7 @@ func (n *Node) checkDisk(size int, member func(id string) bool) error {
 type memberMargin struct {
 	mu       sync.Mutex
 	margins  map[string]uint64 // by member that reported one
-	lows     []string          // members whose latest answer said disk_low
+	lows     []string          // members whose latest answer said disk_low, sorted
 	admitted atomic.Uint64
 	known    atomic.Bool
 }
@@ -298,15 +298,8 @@ func (r *marginRound) add(id string, st Status) {
 	r.margins[id] = m
 }
 
-// firstLow is a member of the round low on disk, or "".
-func (r *marginRound) firstLow() string {
-	if len(r.lows) == 0 {
-		return ""
-	}
-	return slices.Min(r.lows)
-}
-
 func (m *memberMargin) set(r *marginRound) {
+	slices.Sort(r.lows) // low answers the first: the same member every time
 	m.mu.Lock()
 	m.margins, m.lows = r.margins, r.lows
 	m.admitted.Store(0)

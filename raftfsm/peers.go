@@ -139,7 +139,7 @@ func (n *Node) probeAll(ctx context.Context, client *http.Client) {
 	}
 	n.peers.mu.Unlock()
 	n.memberDisk.set(margin)
-	low := margin.firstLow()
+	low := n.memberDisk.low(nil)
 	if was, _ := n.lowMember.Swap(low).(string); was != low && n.IsLeader() {
 		if low != "" {
 			n.logger.Warn("a member is low on disk: refusing writes that add data (507)", "member", low)

@@ -66,7 +66,7 @@ func (g guardedLog) StoreLogs(logs []*raft.Log) error {
 // sends the entries after it, which the log holds.
 func (g guardedLog) GetLog(index uint64, l *raft.Log) error {
 	err := g.LogStore.GetLog(index, l)
-	if !errors.Is(err, raft.ErrLogNotFound) || g.g.start == nil || index != g.g.start.real || index == 0 {
+	if !errors.Is(err, raft.ErrLogNotFound) || g.g.start == nil || index != g.g.start.real {
 		return err
 	}
 	list, lerr := g.g.snaps.List()
