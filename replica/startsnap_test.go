@@ -84,7 +84,7 @@ func TestNewMemberCatchesUpFromLeaderStartedAtItsState(t *testing.T) {
 			t.Fatal(err)
 		}
 		g, err := OpenGroup(GroupConfig{ID: "g", NodeID: r.id, Dir: dir, Transport: tr,
-			LogStore: LogStoreWAL, WALSegment: 1 << 20, SnapshotThreshold: 8, SnapshotInterval: 50 * time.Millisecond,
+			LogStore: LogStoreWAL, WALSegment: 1 << 20, SnapshotThreshold: 1000, SnapshotInterval: 50 * time.Millisecond,
 			TrailingLogs: 2, Logger: logger})
 		if err != nil {
 			t.Fatalf("open g on %s: %v", r.id, err)
@@ -138,17 +138,20 @@ func TestNewMemberCatchesUpFromLeaderStartedAtItsState(t *testing.T) {
 	// r3 stops; the others snapshot and compact past it, so that it comes
 	// back by installing a snapshot: its log then starts right after it.
 	r3.stop()
+	// (Snapshots are taken here, not by the policy: its threshold is out
+	// of reach, so that no replica snapshots on its own.)
 	putTopics(t, ctx, l.g, "a", 0, 20)
-	until(t, ctx, "the leader snapshots", func() bool { return l.g.LastSnapshotIndex() >= 15 })
+	if err := l.g.Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot on %s: %v", l.id, err)
+	}
 	open(r3, nil)
 	until(t, ctx, r3.id+" installs the snapshot", func() bool {
 		return r3.g.AppliedIndex() >= l.g.AppliedIndex() && r3.g.LastSnapshotIndex() > 0
 	})
 	snap := r3.g.LastSnapshotIndex()
 	// Two entries past it, then a restart: raft starts at the state's
-	// applied index. (Fewer than the snapshot threshold, with the no-ops of
-	// the leadership changes to come: a snapshot of r3's own would put
-	// raft's latest snapshot back on a real one.)
+	// applied index. (A snapshot of r3's own would put raft's latest
+	// snapshot back on a real one: none is taken.)
 	putTopics(t, ctx, l.g, "b", 0, 2)
 	until(t, ctx, r3.id+" applies them", func() bool { return r3.g.AppliedIndex() >= l.g.AppliedIndex() })
 	r3.stop()
